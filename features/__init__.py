@@ -1,0 +1,16 @@
+"""The contract every part of the system stands on.
+
+``pipelines/`` and ``trainer/`` never import each other; what both need lives
+here: the vocabularies (:mod:`features.vocab`), the raw event
+(:mod:`features.events`), the dimension tables (:mod:`features.dimensions`),
+the model's features (:mod:`features.registry`), training examples and
+timelines (:mod:`features.examples`), quality metrics (:mod:`features.metrics`)
+and the Kafka settings and embedded broker (:mod:`features.kafka`).
+
+This package imports neither torch nor Apache Beam, so every process (a Beam
+worker, the trainer, a Feast repository) can load it cheaply.
+"""
+
+from features.events import SCHEMA_VERSION
+
+__all__ = ["SCHEMA_VERSION"]

@@ -1,0 +1,387 @@
+"""The raw interaction event: schema, wire format and validation.
+
+One event is one thing a user did or saw: an ad impression, a click or
+conversion that follows it, or an organic engagement with content. User and ad
+attributes are *not* copied into events; they live in the dimension tables
+(:mod:`features.dimensions`), as in real logging systems.
+
+Wire format (Kafka, JSONL): one UTF-8 JSON object per event, ``event_time`` in
+epoch milliseconds (an ISO-8601 string with an explicit offset is accepted).
+File format: Parquet with :data:`EVENT_SCHEMA`.
+
+Rules beyond each field's type (checked by :func:`validate_event` and, for
+whole Arrow tables, by :func:`validate_event_table`):
+
+- the surface belongs to the event's domain;
+- ad actions (impression, click, conversion) carry ad, advertiser, campaign,
+  ad format and objective, and no content id; organic actions carry a content
+  id and no ad fields;
+- clicks and conversions name the impression they are attributed to
+  (``impression_id``); impressions and organic events do not;
+- the event time is not before :data:`MIN_EVENT_TIME_MS` nor more than
+  :data:`MAX_CLOCK_SKEW_MS` ahead of the validator's clock.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from features import vocab
+from features.fields import (
+    FieldSpec,
+    arrow_schema,
+    check_fields,
+    int_field,
+    small_int_field,
+    string_field,
+    time_field,
+    to_epoch_ms,
+)
+
+SCHEMA_VERSION: Final = 1
+"""Version of the event contract; on every record and every Kafka message."""
+
+MIN_EVENT_TIME_MS: Final = 788_918_400_000  # 1995-01-01T00:00:00Z
+"""Earliest plausible event (MovieLens 100k starts in 1997)."""
+
+MAX_CLOCK_SKEW_MS: Final = 3_600_000
+"""How far ahead of the validator's clock an event time may be (1 hour)."""
+
+# Attribution windows: a click counts for an impression if it happens within
+# CLICK_WINDOW after it; a conversion if within CONVERSION_WINDOW after the
+# impression. The generator draws delays inside these windows; the feature
+# pipeline labels with them.
+CLICK_WINDOW: Final = dt.timedelta(minutes=30)
+CONVERSION_WINDOW: Final = dt.timedelta(days=1)
+
+_AD_FIELDS: Final = ("ad_id", "advertiser_id", "campaign_id", "ad_format", "objective")
+
+EVENT_FIELDS: Final[tuple[FieldSpec, ...]] = (
+    small_int_field(
+        "schema_version",
+        "event contract version",
+        min_value=SCHEMA_VERSION,
+        max_value=SCHEMA_VERSION,
+    ),
+    string_field("event_id", "unique id of the event; the idempotency key"),
+    time_field(
+        "event_time", "when the event happened (UTC)", min_value=MIN_EVENT_TIME_MS
+    ),
+    int_field("user_id", "the user", min_value=0),
+    string_field("domain", "app the event happened in", allowed=vocab.DOMAINS),
+    string_field("surface", "place within the app", allowed=vocab.SURFACES),
+    string_field("action", "what happened", allowed=vocab.ACTIONS),
+    int_field("ad_id", "the ad (ad actions only)", nullable=True, min_value=0),
+    int_field(
+        "advertiser_id",
+        "the ad's advertiser (ad actions only)",
+        nullable=True,
+        min_value=0,
+    ),
+    int_field(
+        "campaign_id",
+        "the ad's campaign (ad actions only)",
+        nullable=True,
+        min_value=0,
+    ),
+    string_field(
+        "ad_format",
+        "creative format (ad actions only)",
+        nullable=True,
+        allowed=vocab.AD_FORMATS,
+    ),
+    string_field(
+        "objective",
+        "advertiser's campaign objective (ad actions only)",
+        nullable=True,
+        allowed=vocab.AD_OBJECTIVES,
+    ),
+    string_field(
+        "impression_id",
+        "event_id of the impression a click or conversion is attributed to",
+        nullable=True,
+    ),
+    int_field(
+        "content_id",
+        "organic content engaged with (organic actions only)",
+        nullable=True,
+        min_value=0,
+    ),
+)
+
+EVENT_SCHEMA: Final = arrow_schema(EVENT_FIELDS, "event")
+EVENT_COLUMNS: Final = tuple(f.name for f in EVENT_FIELDS)
+
+_SURFACE_PAIRS: Final = frozenset(
+    (domain, surface)
+    for domain, surfaces in vocab.SURFACES_BY_DOMAIN.items()
+    for surface in surfaces
+)
+
+
+def now_ms() -> int:
+    """The validator's clock, in epoch milliseconds."""
+    return time.time_ns() // 1_000_000
+
+
+def _cross_field_reason(record: Mapping[str, Any]) -> str | None:
+    """Rules that tie fields together (see the module docstring)."""
+    domain, surface, action = record["domain"], record["surface"], record["action"]
+    if (domain, surface) not in _SURFACE_PAIRS:
+        return f"surface {surface!r} does not belong to domain {domain!r}"
+    if action in vocab.AD_ACTIONS:
+        for name in _AD_FIELDS:
+            if record.get(name) is None:
+                return f"ad action {action!r} is missing '{name}'"
+        if record.get("content_id") is not None:
+            return f"ad action {action!r} must not carry 'content_id'"
+    else:
+        if record.get("content_id") is None:
+            return f"organic action {action!r} is missing 'content_id'"
+        for name in _AD_FIELDS:
+            if record.get(name) is not None:
+                return f"organic action {action!r} must not carry '{name}'"
+    needs_impression = action in ("click", "conversion")
+    has_impression = record.get("impression_id") is not None
+    if needs_impression and not has_impression:
+        return f"{action!r} is missing 'impression_id'"
+    if has_impression and not needs_impression:
+        return f"{action!r} must not carry 'impression_id'"
+    return None
+
+
+def validate_event(record: Mapping[str, Any], *, now: int | None = None) -> str | None:
+    """The reason a decoded event is invalid, or None when it is valid.
+
+    Args:
+        record: the event as a mapping (a decoded JSON object or a table row).
+        now: the clock to compare event times with, in epoch milliseconds;
+            defaults to the wall clock.
+
+    Example:
+        >>> validate_event({"event_id": "e1"})
+        "missing required field 'schema_version'"
+    """
+    if not isinstance(record, Mapping):
+        return f"an event must be a JSON object, got {type(record).__name__}"
+    reason = check_fields(EVENT_FIELDS, record)
+    if reason is not None:
+        return reason
+    event_ms = to_epoch_ms(record["event_time"])
+    assert event_ms is not None  # check_fields accepted it
+    limit = (now_ms() if now is None else now) + MAX_CLOCK_SKEW_MS
+    if event_ms > limit:
+        return f"event_time {record['event_time']!r} is in the future (beyond {limit})"
+    return _cross_field_reason(record)
+
+
+@dataclass(frozen=True)
+class DecodedEvent:
+    """The result of decoding one wire message: the event or the reason not."""
+
+    event: dict[str, Any] | None
+    reason: str | None
+
+
+def decode_event(payload: bytes, *, now: int | None = None) -> DecodedEvent:
+    """Decode and validate one wire message (UTF-8 JSON).
+
+    Never raises on bad input: undecodable bytes, bad JSON and invalid events
+    all come back with ``event=None`` and a reason for the dead-letter record.
+
+    Example:
+        >>> decode_event(b"\\xff").reason
+        'not UTF-8: invalid start byte at byte 0'
+    """
+    try:
+        text = payload.decode("utf-8")
+    except UnicodeDecodeError as error:
+        return DecodedEvent(None, f"not UTF-8: {error.reason} at byte {error.start}")
+    try:
+        record = json.loads(text)
+    except json.JSONDecodeError as error:
+        return DecodedEvent(None, f"not JSON: {error.msg} at char {error.pos}")
+    reason = validate_event(record, now=now)
+    if reason is not None:
+        return DecodedEvent(None, reason)
+    return DecodedEvent(record, None)
+
+
+def encode_event(record: Mapping[str, Any]) -> bytes:
+    """Wire form of one event (compact UTF-8 JSON, event_time in epoch ms)."""
+    out = dict(record)
+    millis = to_epoch_ms(out.get("event_time"))
+    if millis is not None:
+        out["event_time"] = millis
+    return json.dumps(out, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def validate_event_table(
+    table: pa.Table, *, now: int | None = None
+) -> tuple[pa.Table, pa.Table]:
+    """Split a table of events into valid rows and rejected rows with reasons.
+
+    The vectorized counterpart of :func:`validate_event` for tables already in
+    :data:`EVENT_SCHEMA` (so types hold by construction); it applies the same
+    rules and, row for row, gives the same reasons (a test holds the two
+    together). ``len(valid) + len(rejected) == len(table)``.
+
+    Returns:
+        ``(valid, rejected)``; ``rejected`` has an extra string column
+        ``reason``.
+    """
+    if table.schema.remove_metadata() != EVENT_SCHEMA.remove_metadata():
+        raise ValueError(
+            "table does not have the event schema; differences: "
+            + _schema_diff(table.schema, EVENT_SCHEMA)
+        )
+    n = table.num_rows
+    reasons = np.full(n, None, dtype=object)
+
+    def flag(mask: pa.Array | pa.ChunkedArray, reason: Any) -> None:
+        """Record ``reason`` for rows where ``mask`` holds and none is set yet."""
+        hits = np.asarray(pc.fill_null(mask, False).to_numpy(zero_copy_only=False))
+        hits &= reasons == None  # noqa: E711 (elementwise on an object array)
+        if not hits.any():
+            return
+        if callable(reason):
+            idx = np.flatnonzero(hits)
+            reasons[idx] = [reason(int(i)) for i in idx]
+        else:
+            reasons[hits] = reason
+
+    col = table.column
+    # Field rules, in the same order as validate_event's check_fields.
+    for spec in EVENT_FIELDS:
+        values = col(spec.name)
+        if not spec.nullable:
+            flag(pc.is_null(values), f"missing required field '{spec.name}'")
+        if spec.allowed is not None:
+            allowed = pa.array(spec.allowed, pa.string())
+            bad = pc.invert(pc.is_in(values, value_set=allowed))
+            flag(
+                bad,
+                lambda i, s=spec, v=values: (
+                    f"field '{s.name}' has unknown value {v[i].as_py()!r}"
+                ),
+            )
+        if spec.kind.value == "string":
+            flag(
+                pc.equal(pc.utf8_length(values), 0),
+                f"field '{spec.name}' must not be empty",
+            )
+        if spec.min_value is not None or spec.max_value is not None:
+            numeric = (
+                pc.cast(values, pa.int64())
+                if spec.kind.value == "timestamp"
+                else values
+            )
+            for bound, cmp, word in (
+                (spec.min_value, pc.less, "below the minimum"),
+                (spec.max_value, pc.greater, "above the maximum"),
+            ):
+                if bound is None:
+                    continue
+                flag(
+                    cmp(numeric, pa.scalar(int(bound), numeric.type)),
+                    lambda i, s=spec, v=values, b=bound, w=word: (
+                        f"field '{s.name}' is {_record_value(v[i])!r}, {w} {b}"
+                    ),
+                )
+    limit = (now_ms() if now is None else now) + MAX_CLOCK_SKEW_MS
+    times = pc.cast(col("event_time"), pa.int64())
+    flag(
+        pc.greater(times, limit),
+        lambda i: f"event_time {times[i].as_py()!r} is in the future (beyond {limit})",
+    )
+    _flag_cross_field(table, flag)
+
+    bad_rows = reasons != None  # noqa: E711
+    valid = table.filter(pa.array(~bad_rows))
+    rejected = table.filter(pa.array(bad_rows)).append_column(
+        "reason", pa.array(reasons[bad_rows].tolist(), pa.string())
+    )
+    return valid, rejected
+
+
+def _record_value(scalar: pa.Scalar) -> Any:
+    """A table value as validate_event sees it in a JSON record."""
+    value = scalar.as_py()
+    if isinstance(value, dt.datetime):
+        return to_epoch_ms(value)
+    return value
+
+
+def _flag_cross_field(table: pa.Table, flag: Any) -> None:
+    """The vectorized form of :func:`_cross_field_reason`, rule for rule."""
+    col = table.column
+    domain, surface, action = col("domain"), col("surface"), col("action")
+    pair = pc.binary_join_element_wise(domain, surface, "\x00")
+    allowed_pairs = pa.array([f"{d}\x00{s}" for d, s in sorted(_SURFACE_PAIRS)])
+    flag(
+        pc.invert(pc.is_in(pair, value_set=allowed_pairs)),
+        lambda i: (
+            f"surface {surface[i].as_py()!r} does not belong to domain "
+            f"{domain[i].as_py()!r}"
+        ),
+    )
+    is_ad = pc.is_in(action, value_set=pa.array(vocab.AD_ACTIONS))
+    is_organic = pc.invert(is_ad)
+    for name in _AD_FIELDS:
+        flag(
+            pc.and_(is_ad, pc.is_null(col(name))),
+            lambda i, n=name: f"ad action {action[i].as_py()!r} is missing '{n}'",
+        )
+    flag(
+        pc.and_(is_ad, pc.is_valid(col("content_id"))),
+        lambda i: f"ad action {action[i].as_py()!r} must not carry 'content_id'",
+    )
+    flag(
+        pc.and_(is_organic, pc.is_null(col("content_id"))),
+        lambda i: f"organic action {action[i].as_py()!r} is missing 'content_id'",
+    )
+    for name in _AD_FIELDS:
+        flag(
+            pc.and_(is_organic, pc.is_valid(col(name))),
+            lambda i, n=name: (
+                f"organic action {action[i].as_py()!r} must not carry '{n}'"
+            ),
+        )
+    needs = pc.is_in(action, value_set=pa.array(["click", "conversion"]))
+    has = pc.is_valid(col("impression_id"))
+    flag(
+        pc.and_(needs, pc.invert(has)),
+        lambda i: f"{action[i].as_py()!r} is missing 'impression_id'",
+    )
+    flag(
+        pc.and_(has, pc.invert(needs)),
+        lambda i: f"{action[i].as_py()!r} must not carry 'impression_id'",
+    )
+
+
+def _schema_diff(actual: pa.Schema, expected: pa.Schema) -> str:
+    """Human-readable list of missing, extra and retyped columns."""
+    got = {f.name: f.type for f in actual}
+    want = {f.name: f.type for f in expected}
+    parts = [f"missing column '{n}'" for n in want if n not in got]
+    parts += [f"unexpected column '{n}'" for n in got if n not in want]
+    parts += [
+        f"column '{n}' is {got[n]}, expected {want[n]}"
+        for n in want
+        if n in got and got[n] != want[n]
+    ]
+    parts += [
+        f"column '{f.name}' nullability differs"
+        for f in expected
+        if f.name in got and actual.field(f.name).nullable != f.nullable
+    ]
+    return "; ".join(parts) or "column order differs"
