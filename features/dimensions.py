@@ -22,13 +22,9 @@ from features.fields import (
 
 USER_FIELDS: Final[tuple[FieldSpec, ...]] = (
     int_field("user_id", "the user", min_value=0),
-    int_field(
-        "age", "age in years", min_value=vocab.MIN_AGE, max_value=vocab.MAX_AGE
-    ),
+    int_field("age", "age in years", min_value=vocab.MIN_AGE, max_value=vocab.MAX_AGE),
     string_field("gender", "self-declared gender", allowed=vocab.GENDERS),
-    string_field(
-        "location", "coarse location: country code and region, e.g. 'US-07'"
-    ),
+    string_field("location", "coarse location: country code and region, e.g. 'US-07'"),
     string_field("device", "primary device", allowed=vocab.DEVICES),
     time_field("signup_time", "when the account was created"),
     time_field("updated_at", "from when this row's values hold"),
@@ -52,7 +48,9 @@ AD_FIELDS: Final[tuple[FieldSpec, ...]] = (
 CONTENT_FIELDS: Final[tuple[FieldSpec, ...]] = (
     int_field("content_id", "the organic content item", min_value=0),
     string_field("content_type", "kind of content", allowed=vocab.CONTENT_TYPES),
-    string_field("content_category", "category of the content", allowed=vocab.CATEGORIES),
+    string_field(
+        "content_category", "category of the content", allowed=vocab.CATEGORIES
+    ),
     time_field("created_at", "when the content was posted"),
 )
 

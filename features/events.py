@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -213,6 +214,8 @@ def decode_event(payload: bytes, *, now: int | None = None) -> DecodedEvent:
     reason = validate_event(record, now=now)
     if reason is not None:
         return DecodedEvent(None, reason)
+    # One time representation downstream: epoch milliseconds.
+    record["event_time"] = to_epoch_ms(record["event_time"])
     return DecodedEvent(record, None)
 
 
@@ -223,6 +226,26 @@ def encode_event(record: Mapping[str, Any]) -> bytes:
     if millis is not None:
         out["event_time"] = millis
     return json.dumps(out, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def encode_event_table(table: pa.Table) -> list[bytes]:
+    """Wire form of every event of a table, vectorized (no per-event json.dumps).
+
+    Integer columns go through pandas' nullable dtypes so ids stay integers
+    next to nulls (a float64 ``12.0`` would fail validation).
+    """
+    if table.num_rows == 0:
+        return []
+    frame = table.select(list(EVENT_COLUMNS)).to_pandas(
+        types_mapper={pa.int64(): pd.Int64Dtype(), pa.int16(): pd.Int16Dtype()}.get
+    )
+    text = frame.to_json(orient="records", lines=True, date_unit="ms")
+    return [line.encode() for line in text.splitlines()]
+
+
+def events_from_records(records: list[dict[str, Any]]) -> pa.Table:
+    """Validated, decoded events (as :func:`decode_event` returns them) to a table."""
+    return pa.Table.from_pylist(records, schema=EVENT_SCHEMA)
 
 
 def validate_event_table(
@@ -267,7 +290,12 @@ def validate_event_table(
             flag(pc.is_null(values), f"missing required field '{spec.name}'")
         if spec.allowed is not None:
             allowed = pa.array(spec.allowed, pa.string())
-            bad = pc.invert(pc.is_in(values, value_set=allowed))
+            # is_in() is false (not null) for a null input, so a null in a
+            # nullable vocabulary column would read as an unknown value.
+            bad = pc.and_(
+                pc.is_valid(values),
+                pc.invert(pc.is_in(values, value_set=allowed)),
+            )
             flag(
                 bad,
                 lambda i, s=spec, v=values: (

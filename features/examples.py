@@ -73,7 +73,9 @@ def training_example_schema(*, with_sequences: bool = False) -> pa.Schema:
         for f in SPARSE_FEATURES
         if f.name not in _RAW_ID_FEATURES
     ]
-    fields += [pa.field(f.name, pa.float32(), False, _meta(f.doc)) for f in DENSE_FEATURES]
+    fields += [
+        pa.field(f.name, pa.float32(), False, _meta(f.doc)) for f in DENSE_FEATURES
+    ]
     fields.append(
         pa.field(
             "timeline_cut",

@@ -98,9 +98,7 @@ SPARSE_FEATURES: Final[tuple[SparseFeature, ...]] = (
         num_embeddings=_vocab_size(vocab.CATEGORIES),
         doc="declared creative category",
     ),
-    SparseFeature(
-        name="domain", num_embeddings=_vocab_size(vocab.DOMAINS), doc="app"
-    ),
+    SparseFeature(name="domain", num_embeddings=_vocab_size(vocab.DOMAINS), doc="app"),
     SparseFeature(
         name="surface", num_embeddings=_vocab_size(vocab.SURFACES), doc="surface"
     ),

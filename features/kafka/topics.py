@@ -1,0 +1,82 @@
+"""Topic administration that works the same on the embedded broker and a cluster.
+
+Every topic is created explicitly with its partition count: brokers that
+auto-create topics pick a partition count of their own (Tansu: 4), and the
+partition count decides how consumer groups split the work.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+
+from features.kafka.settings import KafkaSettings
+
+log = logging.getLogger(__name__)
+
+
+def ensure_topics(
+    settings: KafkaSettings,
+    topics: Mapping[str, int],
+    *,
+    replication_factor: int = 1,
+    timeout: float = 10.0,
+) -> None:
+    """Create missing topics and wait until their metadata is visible.
+
+    Existing topics are left as they are (with a warning when their partition
+    count differs from the one asked for).
+
+    Args:
+        settings: the cluster.
+        topics: topic name → partition count.
+        replication_factor: replicas per partition (1 on the embedded broker).
+        timeout: seconds to wait for the topics to appear in metadata.
+    """
+    from kafka import KafkaAdminClient, KafkaConsumer
+    from kafka.admin import NewTopic
+    from kafka.errors import TopicAlreadyExistsError
+
+    admin = KafkaAdminClient(**settings.client_config())
+    try:
+        existing = set(admin.list_topics())
+        wanted = [
+            NewTopic(name, partitions, replication_factor)
+            for name, partitions in topics.items()
+            if name not in existing
+        ]
+        if wanted:
+            try:
+                admin.create_topics(wanted)
+            except TopicAlreadyExistsError:
+                pass  # created concurrently by another process
+    finally:
+        admin.close()
+
+    # Wait for the metadata, so a producer right after us sees every partition.
+    probe = KafkaConsumer(**settings.client_config())
+    try:
+        deadline = time.monotonic() + timeout
+        for name, partitions in topics.items():
+            while True:
+                found = probe.partitions_for_topic(name)
+                if found and len(found) >= partitions:
+                    break
+                if found and name in existing:
+                    log.warning(
+                        "topic %s exists with %d partitions, not %d",
+                        name,
+                        len(found),
+                        partitions,
+                    )
+                    break
+                if time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"topic {name!r} did not show {partitions} partitions "
+                        f"within {timeout:.0f} s"
+                    )
+                time.sleep(0.05)
+                probe.topics()  # refresh the metadata cache
+    finally:
+        probe.close()

@@ -1,0 +1,254 @@
+"""Raw events on Kafka: publish a table of events, read a topic back.
+
+Wire format (see :mod:`features.events`): one UTF-8 JSON event per message,
+keyed by user id so that one user's events stay in order within a partition,
+with a ``schema-version`` header. Reading validates every message; what fails
+becomes a dead letter with its partition, offset and reason, and is counted,
+so ``read == valid + dead letters`` always holds.
+
+Tansu (the embedded broker) reports end offsets wrongly, so a bounded read
+stops when it has the number of messages it was told to expect, or after a
+stretch of empty polls, never on "end offsets" alone.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+from features.deadletter import DeadLetter
+from features.events import (
+    SCHEMA_VERSION,
+    decode_event,
+    encode_event_table,
+    events_from_records,
+)
+from features.kafka.settings import KafkaSettings
+
+log = logging.getLogger(__name__)
+
+SCHEMA_HEADER = "schema-version"
+CONTENT_TYPE_HEADER = "content-type"
+_HEADERS = [
+    (SCHEMA_HEADER, str(SCHEMA_VERSION).encode()),
+    (CONTENT_TYPE_HEADER, b"application/json"),
+]
+
+# kafka-python's defaults send tiny batches; these roughly triple produce
+# throughput on the embedded broker (measured: ~9.5 → ~24 MB/s).
+PRODUCER_TUNING: dict[str, Any] = {
+    "linger_ms": 5,
+    "batch_size": 262_144,
+    "acks": "all",
+    "max_request_size": 16 * 1024 * 1024,
+}
+
+
+@dataclass(frozen=True)
+class PublishReport:
+    """What :func:`publish_events` sent."""
+
+    messages: int
+    bytes: int
+    seconds: float
+
+    @property
+    def rate(self) -> float:
+        """Messages per second actually achieved."""
+        return self.messages / self.seconds if self.seconds > 0 else float("inf")
+
+
+@dataclass
+class ConsumeReport:
+    """What :func:`read_events` got: valid events, dead letters, and counts."""
+
+    events: pa.Table
+    dead_letters: list[DeadLetter]
+    messages: int
+    bytes: int
+    seconds: float
+    per_partition: Counter[int] = field(default_factory=Counter)
+    out_of_order_users: int = 0
+
+    @property
+    def reasons(self) -> Counter[str]:
+        """Dead letters counted by reason."""
+        return Counter(letter.reason for letter in self.dead_letters)
+
+
+def publish_events(
+    table: pa.Table,
+    settings: KafkaSettings,
+    topic: str,
+    *,
+    rate: float | None = None,
+    order_by_time: bool = True,
+) -> PublishReport:
+    """Send every event of ``table`` to ``topic``, optionally at a steady rate.
+
+    Args:
+        table: events in :data:`features.events.EVENT_SCHEMA`.
+        settings: the cluster.
+        topic: destination topic (create it first, with its partition count).
+        rate: events per second to pace at; None sends as fast as possible.
+        order_by_time: send in event-time order, as a live stream would.
+
+    Returns:
+        Counts and the time taken (until every message was acknowledged).
+    """
+    from kafka import KafkaProducer
+
+    if order_by_time:
+        table = table.sort_by([("event_time", "ascending")])
+    payloads = encode_event_table(table)
+    keys = [str(u).encode() for u in table.column("user_id").to_pylist()]
+    producer = KafkaProducer(**settings.client_config(), **PRODUCER_TUNING)
+    start = time.monotonic()
+    sent_bytes = 0
+    # Pace in small chunks: sleeping per message would cost more than sending.
+    chunk = max(1, int(rate // 20)) if rate else len(payloads) or 1
+    try:
+        for begin in range(0, len(payloads), chunk):
+            for key, value in zip(
+                keys[begin : begin + chunk],
+                payloads[begin : begin + chunk],
+                strict=True,
+            ):
+                producer.send(topic, key=key, value=value, headers=_HEADERS)
+                sent_bytes += len(value)
+            if rate:
+                ahead = (begin + chunk) / rate - (time.monotonic() - start)
+                if ahead > 0:
+                    time.sleep(ahead)
+        producer.flush()
+    finally:
+        producer.close()
+    return PublishReport(len(payloads), sent_bytes, time.monotonic() - start)
+
+
+def publish_raw(
+    payloads: Iterable[bytes], settings: KafkaSettings, topic: str, *, key: bytes
+) -> int:
+    """Send raw message bodies as they are (used to inject malformed input)."""
+    from kafka import KafkaProducer
+
+    producer = KafkaProducer(**settings.client_config())
+    count = 0
+    try:
+        for payload in payloads:
+            producer.send(topic, key=key, value=payload, headers=_HEADERS)
+            count += 1
+        producer.flush()
+    finally:
+        producer.close()
+    return count
+
+
+def read_events(
+    settings: KafkaSettings,
+    topic: str,
+    *,
+    group_id: str,
+    expected: int | None = None,
+    idle_timeout: float = 5.0,
+    max_seconds: float = 300.0,
+    dead_letter_topic: str | None = None,
+) -> ConsumeReport:
+    """Read ``topic`` from the start (or the group's committed offsets).
+
+    Stops after ``expected`` messages, or ``idle_timeout`` seconds without one,
+    or ``max_seconds`` in all; commits the offsets it consumed.
+
+    Args:
+        settings: the cluster.
+        topic: topic of raw events.
+        group_id: consumer group; offsets are committed to it at the end.
+        expected: number of messages to wait for, when known.
+        idle_timeout: seconds of empty polls after which the read ends.
+        max_seconds: hard limit on the whole read.
+        dead_letter_topic: where to copy dead letters (with their reason in
+            headers); None keeps them in the report only.
+    """
+    from kafka import KafkaConsumer, KafkaProducer
+
+    consumer = KafkaConsumer(
+        topic,
+        **settings.consumer_config(
+            group_id=group_id,
+            auto_offset_reset="earliest",
+            enable_auto_commit=False,
+            max_partition_fetch_bytes=8 * 1024 * 1024,
+        ),
+    )
+    records: list[dict[str, Any]] = []
+    dead: list[DeadLetter] = []
+    per_partition: Counter[int] = Counter()
+    last_time: dict[int, int] = {}
+    out_of_order: set[int] = set()
+    messages = total_bytes = 0
+    start = last_message = time.monotonic()
+    try:
+        while True:
+            now = time.monotonic()
+            if expected is not None and messages >= expected:
+                break
+            if now - last_message > idle_timeout or now - start > max_seconds:
+                break
+            batches = consumer.poll(timeout_ms=200, max_records=10_000)
+            for tp, batch in batches.items():
+                for message in batch:
+                    messages += 1
+                    total_bytes += len(message.value or b"")
+                    per_partition[tp.partition] += 1
+                    decoded = decode_event(message.value or b"")
+                    if decoded.event is None:
+                        assert decoded.reason is not None
+                        dead.append(
+                            DeadLetter(
+                                source=topic,
+                                partition=tp.partition,
+                                offset=message.offset,
+                                reason=decoded.reason,
+                                payload=message.value or b"",
+                            )
+                        )
+                        continue
+                    event = decoded.event
+                    # Per-user order within a partition is what keying buys us.
+                    user, millis = event["user_id"], event["event_time"]
+                    if millis < last_time.get(user, millis):
+                        out_of_order.add(user)
+                    last_time[user] = millis
+                    records.append(event)
+            if batches:
+                last_message = time.monotonic()
+        consumer.commit()
+    finally:
+        consumer.close()
+    if dead and dead_letter_topic:
+        producer = KafkaProducer(**settings.client_config())
+        try:
+            for letter in dead:
+                producer.send(
+                    dead_letter_topic,
+                    value=letter.payload,
+                    headers=letter.kafka_headers(),
+                )
+            producer.flush()
+        finally:
+            producer.close()
+    return ConsumeReport(
+        events=events_from_records(records),
+        dead_letters=dead,
+        messages=messages,
+        bytes=total_bytes,
+        seconds=time.monotonic() - start,
+        per_partition=per_partition,
+        out_of_order_users=len(out_of_order),
+    )

@@ -1,0 +1,134 @@
+"""The embedded broker: start, topics, real clients, clean stop, clear errors."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+
+from features.kafka import BrokerStartError, EmbeddedKafka, KafkaSettings
+from features.kafka.broker import LOOPBACK, kafka_cluster
+
+pytestmark = pytest.mark.integration
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie still answers kill(0); look at its state.
+    status = Path(f"/proc/{pid}/status")
+    return status.exists() and "zombie" not in status.read_text()
+
+
+def test_start_create_topics_produce_consume_stop(tmp_path: Path) -> None:
+    with EmbeddedKafka(log_path=tmp_path / "broker.log") as broker:
+        host, port = broker.bootstrap.split(":")
+        assert host == LOOPBACK
+        broker.create_topics({"orders": 3})
+        producer = KafkaProducer(bootstrap_servers=broker.bootstrap)
+        for i in range(30):
+            producer.send("orders", key=str(i % 5).encode(), value=f"m{i}".encode())
+        producer.flush()
+        producer.close()
+        consumer = KafkaConsumer(
+            bootstrap_servers=broker.bootstrap, consumer_timeout_ms=3000
+        )
+        assert consumer.partitions_for_topic("orders") == {0, 1, 2}
+        partitions = [TopicPartition("orders", p) for p in range(3)]
+        consumer.assign(partitions)
+        consumer.seek_to_beginning()
+        values = sorted(m.value for m in consumer)
+        consumer.close()
+        assert values == sorted(f"m{i}".encode() for i in range(30))
+        pid = broker.pid
+    # Stopped, and the port is free again.
+    assert not _process_alive(pid)
+    with socket.socket() as sock:
+        assert sock.connect_ex((LOOPBACK, int(port))) != 0
+
+
+def test_port_in_use_gives_a_clear_error(tmp_path: Path) -> None:
+    with socket.socket() as squatter:
+        squatter.bind((LOOPBACK, 0))
+        squatter.listen()
+        port = squatter.getsockname()[1]
+        log_path = tmp_path / "broker.log"
+        broker = EmbeddedKafka(port=port, log_path=log_path, start_timeout=5)
+        with pytest.raises(BrokerStartError) as error:
+            broker.start()
+    message = str(error.value)
+    assert f"{LOOPBACK}:{port}" in message
+    assert str(log_path) in message
+
+
+def test_stop_resumes_a_sigstopped_broker(tmp_path: Path) -> None:
+    broker = EmbeddedKafka(log_path=tmp_path / "broker.log")
+    broker.start()
+    pid = broker.pid
+    os.kill(pid, signal.SIGSTOP)
+    started = time.monotonic()
+    broker.stop(grace=5)
+    assert time.monotonic() - started < 5  # stopped by SIGTERM, not the SIGKILL
+    assert not _process_alive(pid)
+
+
+def test_broker_dies_with_a_killed_parent(tmp_path: Path) -> None:
+    """A SIGKILLed parent (a crashed test runner) leaves no broker behind."""
+    script = (
+        "import time, sys\n"
+        "from features.kafka import EmbeddedKafka\n"
+        "b = EmbeddedKafka(); b.start()\n"
+        "print(b.pid, flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    parent = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, text=True
+    )
+    assert parent.stdout is not None
+    broker_pid = int(parent.stdout.readline())
+    assert _process_alive(broker_pid)
+    parent.kill()
+    parent.wait()
+    deadline = time.monotonic() + 5
+    while _process_alive(broker_pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _process_alive(broker_pid)
+
+
+def test_kafka_cluster_uses_an_external_cluster_as_is(
+    kafka_settings: KafkaSettings,
+) -> None:
+    with kafka_cluster(kafka_settings) as settings:
+        assert settings is kafka_settings
+    with kafka_cluster(KafkaSettings()) as settings:
+        assert settings.bootstrap is not None
+        assert settings.bootstrap != kafka_settings.bootstrap
+
+
+def test_cli_runs_until_interrupted(tmp_path: Path) -> None:
+    process = subprocess.Popen(
+        [sys.executable, "-m", "features.kafka.broker", "--topic", "events:4"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stdout is not None
+    line = process.stdout.readline()
+    assert line.startswith("Kafka broker ready: 127.0.0.1:"), line
+    bootstrap = line.split()[3]
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap)
+    assert consumer.partitions_for_topic("events") == {0, 1, 2, 3}
+    consumer.close()
+    process.send_signal(signal.SIGINT)
+    assert process.wait(timeout=10) == 0
+    host, port = bootstrap.split(":")
+    with socket.socket() as sock:
+        assert sock.connect_ex((host, int(port))) != 0
