@@ -188,8 +188,8 @@ def _mutations() -> st.SearchStrategy[dict[str, Any]]:
     return st.fixed_dictionaries(
         {
             "base": st.sampled_from([IMPRESSION, LIKE, CLICK]),
-            "domain": st.sampled_from(vocab.DOMAINS + ("myspace",)),
-            "surface": st.sampled_from(vocab.SURFACES + ("",)),
+            "domain": st.sampled_from((*vocab.DOMAINS, "myspace")),
+            "surface": st.sampled_from((*vocab.SURFACES, "")),
             "action": st.sampled_from(vocab.ACTIONS),
             "nulls": st.sets(st.sampled_from(nullable), max_size=3),
             "fill_content": st.booleans(),
