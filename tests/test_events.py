@@ -182,26 +182,48 @@ def test_wire_round_trip_single_and_vectorized() -> None:
 # --- the vectorized validator must agree with the per-record one, row for row ---
 
 
+_VALID_PAIRS = [(d, s) for d, ss in vocab.SURFACES_BY_DOMAIN.items() for s in ss]
+
+
 def _mutations() -> st.SearchStrategy[dict[str, Any]]:
-    """Well-typed events (they fit EVENT_SCHEMA) with random rule violations."""
+    """Well-typed events (they fit EVENT_SCHEMA), valid or with rule violations.
+
+    Each knob picks a valid value most of the time, so both valid rows and rows
+    breaking one or two rules are common.
+    """
     nullable = [f.name for f in EVENT_FIELDS if f.nullable]
     return st.fixed_dictionaries(
         {
             "base": st.sampled_from([IMPRESSION, LIKE, CLICK]),
-            "domain": st.sampled_from((*vocab.DOMAINS, "myspace")),
-            "surface": st.sampled_from((*vocab.SURFACES, "")),
+            "pair": st.sampled_from(
+                [
+                    *_VALID_PAIRS,
+                    ("myspace", "feed"),
+                    ("instagram", "inbox"),
+                    ("facebook", ""),
+                ]
+            ),
             "action": st.sampled_from(vocab.ACTIONS),
-            "nulls": st.sets(st.sampled_from(nullable), max_size=3),
+            "nulls": st.sets(st.sampled_from(nullable), max_size=2),
             "fill_content": st.booleans(),
-            "time": st.sampled_from([NOW - 1, -1, NOW + 2 * MAX_CLOCK_SKEW_MS, 0]),
-            "user": st.sampled_from([0, 5, -3]),
+            "time": st.sampled_from(
+                [NOW - 1, NOW - 5, -1, NOW + 2 * MAX_CLOCK_SKEW_MS]
+            ),
+            "user": st.sampled_from([0, 5, 6, -3]),
         }
     ).map(_apply)
 
 
 def _apply(m: dict[str, Any]) -> dict[str, Any]:
     record = dict(m["base"])
-    record.update(domain=m["domain"], surface=m["surface"], action=m["action"])
+    record["domain"], record["surface"] = m["pair"]
+    if m["action"] in vocab.AD_ACTIONS and record["action"] in vocab.AD_ACTIONS:
+        record["action"] = m["action"]
+    elif (
+        m["action"] in vocab.ORGANIC_ACTIONS
+        and record["action"] in vocab.ORGANIC_ACTIONS
+    ):
+        record["action"] = m["action"]
     record.update(event_time=m["time"], user_id=m["user"])
     for name in m["nulls"]:
         record[name] = None
@@ -232,6 +254,14 @@ def test_table_validator_matches_record_validator(
         assert expected[event_id] is None
     for event_id, reason in got.items():
         assert reason == expected[event_id]
+
+
+@pytest.mark.filterwarnings("ignore::hypothesis.errors.NonInteractiveExampleWarning")
+def test_the_generated_mix_holds_valid_and_invalid_rows() -> None:
+    """Guards the property test above against only ever seeing one kind."""
+    records = [_mutations().example() for _ in range(200)]
+    verdicts = [validate_event(r, now=NOW) is None for r in records]
+    assert 0.1 < sum(verdicts) / len(verdicts) < 0.9
 
 
 def test_table_with_the_wrong_schema_names_the_column() -> None:
