@@ -181,7 +181,7 @@ def validate_event(record: Mapping[str, Any], *, now: int | None = None) -> str 
     assert event_ms is not None  # check_fields accepted it
     limit = (now_ms() if now is None else now) + MAX_CLOCK_SKEW_MS
     if event_ms > limit:
-        return f"event_time {record['event_time']!r} is in the future (beyond {limit})"
+        return _future_reason(record["event_time"], limit)
     return _cross_field_reason(record)
 
 
@@ -329,7 +329,7 @@ def validate_event_table(
     times = pc.cast(col("event_time"), pa.int64())
     flag(
         pc.greater(times, limit),
-        lambda i: f"event_time {times[i].as_py()!r} is in the future (beyond {limit})",
+        lambda i: _future_reason(times[i].as_py(), limit),
     )
     _flag_cross_field(table, flag)
 
@@ -339,6 +339,11 @@ def validate_event_table(
         "reason", pa.array(reasons[bad_rows].tolist(), pa.string())
     )
     return valid, rejected
+
+
+def _future_reason(value: Any, limit_ms: int) -> str:
+    limit = dt.datetime.fromtimestamp(limit_ms / 1000, dt.UTC).isoformat()
+    return f"event_time {value!r} is in the future (after {limit})"
 
 
 def _record_value(scalar: pa.Scalar) -> Any:

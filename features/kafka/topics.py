@@ -55,7 +55,8 @@ def ensure_topics(
         admin.close()
 
     # Wait for the metadata, so a producer right after us sees every partition.
-    probe = KafkaConsumer(**settings.client_config())
+    # No group and no auto-commit: a metadata probe only.
+    probe = KafkaConsumer(**settings.client_config(), enable_auto_commit=False)
     try:
         deadline = time.monotonic() + timeout
         for name, partitions in topics.items():
