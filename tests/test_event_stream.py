@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -14,9 +17,11 @@ from kafka import KafkaConsumer, TopicPartition
 from features.events import EVENT_SCHEMA, events_from_records
 from features.kafka import KafkaSettings
 from pipelines.event_stream import publish_events, publish_raw, read_events
+from pipelines.synthetic import read_events as read_generated
 
 pytestmark = pytest.mark.integration
 
+ROOT = Path(__file__).resolve().parents[1]
 T0 = 1_780_000_000_000
 
 
@@ -126,3 +131,30 @@ def test_rate_paces_the_producer(
     # 200 events at 400/s take about half a second; never much faster.
     assert report.seconds >= 0.45
     assert report.rate <= 440
+
+
+def test_generator_cli_publishes_its_events_at_a_rate(
+    kafka_settings: KafkaSettings, tmp_path: Path
+) -> None:
+    topic = f"gen-{uuid.uuid4().hex[:8]}"
+    assert kafka_settings.bootstrap is not None
+    out = subprocess.run(
+        [
+            sys.executable, "-m", "pipelines.generate",
+            "--users", "40", "--ads", "10", "--days", "1", "--seed", "5",
+            "--output", str(tmp_path),
+            "--kafka-bootstrap", kafka_settings.bootstrap,
+            "--topic", topic, "--partitions", "2", "--rate", "3000",
+        ],
+        check=True, capture_output=True, text=True, cwd=ROOT,
+    ).stdout  # fmt: skip
+    summary = json.loads(out)
+    sent = summary["kafka"]["messages"]
+    assert sent == summary["events"] > 0
+    assert summary["kafka"]["rate"] <= 3300
+    report = read_events(
+        kafka_settings, topic, group_id=f"g-{uuid.uuid4().hex}", expected=sent
+    )
+    assert report.messages == sent
+    assert report.dead_letters == []
+    assert _sorted(report.events).equals(_sorted(read_generated(tmp_path)))
