@@ -1,4 +1,4 @@
-"""Training examples and user timelines, as Arrow schemas.
+"""Training examples and user timelines, as Arrow schemas, and what each value means.
 
 A training example is one ad impression: its ids and context, one label per
 training objective, the non-sequential features of :mod:`features.registry`,
@@ -19,6 +19,42 @@ timeline events strictly before the impression, so its history is
 after it. Where windows are materialized (a batch about to be trained on, a
 small test set), the same ``seq_*`` list columns sit on the example itself
 (``training_example_schema(with_sequences=True)``).
+
+Semantics (every producer of examples must compute exactly this; the Beam job
+and the single-process reference are tested against each other):
+
+- **Input**: valid events (:func:`features.events.validate_event_table`), each
+  ``event_id`` counted once (duplicates are exact copies; keep one).
+- **Examples**: one per distinct impression; ``example_id`` = its event_id;
+  ids, ``domain`` and ``surface`` from the impression event.
+- **Labels**: ``label_click`` = 1 when a click with ``impression_id`` = the
+  example's id has ``event_time`` in ``[t, t + CLICK_WINDOW)``, where ``t`` is
+  the impression time; ``label_conversion`` likewise with a conversion and
+  ``CONVERSION_WINDOW`` (measured from the impression, not the click).
+- **Dimension attributes**: as-of join on ``updated_at``: the latest row of the
+  users / ads table with ``updated_at <= t``; none → the missing id 0.
+  ``user_age_bucket`` = :func:`features.vocab.age_bucket`; ``user_gender``,
+  ``user_device`` = vocabulary ids (:func:`features.vocab.vocabulary_ids`);
+  ``user_location`` = :func:`features.registry.string_bucket`;
+  ``ad_creative_category`` from the ads table; ``ad_format`` and
+  ``ad_objective`` from the impression event; ``domain`` and ``surface`` =
+  vocabulary ids of the event; ``hour_of_day`` = UTC hour of ``t`` + 1.
+- **Counters** (``{entity}_{action}_count_{window}``): the number of distinct
+  events of that entity (user / ad / advertiser) and action (impression /
+  click / conversion, each at its own event time) with event time in
+  ``[t - window, t)``: strictly before the impression.
+- **Timeline**: all of a user's distinct valid events, organic and ad, every
+  action, sorted by ``(event_time, event_id)``. Per event: ``seq_item_id`` =
+  :func:`features.registry.sequence_item_key` (raw key; hashed by the
+  trainer), ``seq_action`` / ``seq_domain`` / ``seq_surface`` = vocabulary ids,
+  ``seq_category`` = the ad's declared creative category (ads table, as of the
+  event) or the content's category (contents table); 0 when unknown.
+  ``timeline_cut`` = number of the user's timeline events with
+  ``event_time < t``.
+- **Window** (what the trainer sees): the last ``max_seq_len`` events of
+  ``timeline[:timeline_cut]``, oldest first, plus ``seq_time_bucket`` =
+  :func:`features.registry.time_bucket` of the seconds from each event to
+  ``t``.
 """
 
 from __future__ import annotations

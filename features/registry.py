@@ -17,6 +17,7 @@ from typing import Final
 
 import numpy as np
 import numpy.typing as npt
+import pyarrow as pa
 
 from features import vocab
 
@@ -195,3 +196,43 @@ def time_bucket(seconds_before: npt.ArrayLike) -> npt.NDArray[np.int64]:
     s = np.maximum(np.asarray(seconds_before, dtype=np.float64), 0.0)
     bucket = 1 + np.floor(np.log2(1.0 + s)).astype(np.int64)
     return np.minimum(bucket, TIME_BUCKETS)
+
+
+_FNV_OFFSET = np.uint64(0xCBF29CE484222325)
+_FNV_PRIME = np.uint64(0x100000001B3)
+
+
+def string_bucket(
+    values: pa.Array | pa.ChunkedArray, num_embeddings: int
+) -> npt.NDArray[np.int64]:
+    """Fold strings of an open vocabulary (locations) into ``[1, num_embeddings)``.
+
+    FNV-1a over the UTF-8 bytes, vectorized over the array one byte position
+    at a time (strings here are short). Null and empty strings map to 0, the
+    "missing" id. Stable across processes and platforms, unlike ``hash()``.
+
+    Example:
+        >>> string_bucket(pa.array(["US-07", None, ""]), 100).tolist()
+        [57, 0, 0]
+    """
+    array = values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
+    array = array.cast(pa.string()).fill_null("")
+    n = len(array)
+    offsets = np.frombuffer(array.buffers()[1], dtype=np.int32)[
+        array.offset : array.offset + n + 1
+    ]
+    data_buffer = array.buffers()[2]
+    data = (
+        np.frombuffer(data_buffer, dtype=np.uint8)
+        if data_buffer is not None
+        else np.zeros(0, dtype=np.uint8)
+    )
+    lengths = np.diff(offsets)
+    hashes = np.full(n, _FNV_OFFSET, dtype=np.uint64)
+    for position in range(int(lengths.max()) if n else 0):
+        live = lengths > position
+        byte = data[offsets[:-1][live] + position].astype(np.uint64)
+        with np.errstate(over="ignore"):
+            hashes[live] = (hashes[live] ^ byte) * _FNV_PRIME
+    buckets = 1 + (hashes % np.uint64(num_embeddings - 1)).astype(np.int64)
+    return np.where(lengths > 0, buckets, 0)
