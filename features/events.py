@@ -228,19 +228,27 @@ def encode_event(record: Mapping[str, Any]) -> bytes:
     return json.dumps(out, separators=(",", ":"), ensure_ascii=False).encode()
 
 
-def encode_event_table(table: pa.Table) -> list[bytes]:
-    """Wire form of every event of a table, vectorized (no per-event json.dumps).
+def events_to_jsonl(table: pa.Table) -> str:
+    """The wire form of every event of a table as JSON lines, vectorized.
 
-    Integer columns go through pandas' nullable dtypes so ids stay integers
-    next to nulls (a float64 ``12.0`` would fail validation).
+    No per-event ``json.dumps``: pandas' encoder does the whole table. Integer
+    columns go through pandas' nullable dtypes so ids stay integers next to
+    nulls (a float64 ``12.0`` would fail validation); times become epoch ms.
     """
     if table.num_rows == 0:
-        return []
+        return ""
     frame = table.select(list(EVENT_COLUMNS)).to_pandas(
         types_mapper={pa.int64(): pd.Int64Dtype(), pa.int16(): pd.Int16Dtype()}.get
     )
-    text = frame.to_json(orient="records", lines=True, date_unit="ms")
-    return [line.encode() for line in text.splitlines()]
+    text: str = frame.to_json(
+        orient="records", lines=True, date_unit="ms", force_ascii=False
+    )
+    return text
+
+
+def encode_event_table(table: pa.Table) -> list[bytes]:
+    """Wire form of every event of a table, one message body per event."""
+    return [line.encode() for line in events_to_jsonl(table).splitlines()]
 
 
 def events_from_records(records: list[dict[str, Any]]) -> pa.Table:

@@ -23,12 +23,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.json as pa_json
 import pyarrow.parquet as pq
 
-from features.events import EVENT_COLUMNS, EVENT_SCHEMA
+from features.events import EVENT_COLUMNS, EVENT_SCHEMA, events_to_jsonl
 from pipelines.synthetic.params import DAY_MS
 
 EventFormat = Literal["parquet", "jsonl"]
@@ -41,10 +40,6 @@ _WIRE_SCHEMA = pa.schema(
         for f in EVENT_SCHEMA
     ]
 )
-_PANDAS_TYPES: Mapping[pa.DataType, Any] = {
-    pa.int64(): pd.Int64Dtype(),  # nullable ints stay ints (not 1.0) in JSON
-    pa.int16(): pd.Int16Dtype(),
-}
 
 
 def day_partitions(events: pa.Table) -> list[tuple[str, pa.Table]]:
@@ -112,14 +107,8 @@ def _write_parquet(table: pa.Table, path: Path) -> None:
 
 
 def _write_jsonl(table: pa.Table, path: Path) -> None:
-    """One JSON object per line, vectorized through pandas' JSON encoder."""
-    wire = table.set_column(
-        table.schema.get_field_index("event_time"),
-        "event_time",
-        table.column("event_time").cast(pa.int64()),
-    )
-    frame = wire.to_pandas(types_mapper=_PANDAS_TYPES.get)
-    frame.to_json(path, orient="records", lines=True, force_ascii=False)
+    """One JSON object per line: the Kafka wire format (features.events)."""
+    path.write_text(events_to_jsonl(table), encoding="utf-8")
 
 
 def write_table(table: pa.Table, path: Path) -> None:
