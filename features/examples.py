@@ -152,3 +152,17 @@ TIMELINE_SCHEMA: Final = pa.schema(
     ],
     metadata={"record": "timeline", "schema_version": str(SCHEMA_VERSION)},
 )
+
+# A slice of a timeline: events ``[segment_start, segment_start + len)`` of the
+# user's full timeline. ``timeline_cut`` stays an index into the *full*
+# timeline, so an example's window is read from a segment exactly as from the
+# whole timeline (:mod:`features.windows`); a batch or Kafka message then
+# carries each needed user's events once, and only those its windows reach.
+TIMELINE_SEGMENT_SCHEMA: Final = TIMELINE_SCHEMA.append(
+    pa.field(
+        "segment_start",
+        pa.int64(),
+        False,
+        _meta("index of the segment's first event in the user's full timeline"),
+    )
+).with_metadata({"record": "timeline_segment", "schema_version": str(SCHEMA_VERSION)})
