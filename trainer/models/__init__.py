@@ -1,0 +1,1 @@
+"""GEM, its ablations and the DLRM / DCNv2 baselines, all fed the same Batch."""

@@ -1,0 +1,1 @@
+"""GEM building blocks: nn.Modules composed from :mod:`trainer.ops`."""

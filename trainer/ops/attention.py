@@ -1,0 +1,116 @@
+"""Jagged attention ops: one public dispatcher per op.
+
+``q, k, v`` are jagged (L, H, Dh) with ``offsets`` (B + 1,) as in
+:mod:`trainer.ops.jagged`; the scale is ``1 / sqrt(Dh)``.
+
+Example:
+    >>> q = k = v = torch.ones(3, 1, 2)
+    >>> offsets = torch.tensor([0, 2, 2, 3])
+    >>> jagged_local_attention(q, k, v, offsets, window=2).shape
+    torch.Size([3, 1, 2])
+    >>> jagged_cross_attention(torch.ones(3, 1, 1, 2), k, v, offsets, 2)[1].tolist()
+    [[[0.0, 0.0]]]
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from trainer.ops.jagged import dense_to_jagged, jagged_to_padded_dense
+from trainer.ops.kernel import Kernel, fbgemm_op
+from trainer.ops.pytorch import pt_attention as pt
+from trainer.ops.pytorch.pt_jagged import (
+    pytorch_segment_ids,
+    pytorch_segment_sum,
+)
+
+
+def jagged_local_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    offsets: torch.Tensor,
+    window: int,
+    kernel: Kernel = Kernel.PYTORCH,
+) -> torch.Tensor:
+    """Causal sliding-window attention within each sequence, (L, H, Dh).
+
+    Token ``i`` sees itself and the ``window - 1`` previous tokens of its
+    sequence. No padding: cost O(L · window). fbgemm has no such kernel, so
+    every ``kernel`` runs the reference.
+    """
+    del kernel
+    return pt.pytorch_jagged_local_attention(q, k, v, offsets, window)
+
+
+def jagged_cross_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    offsets: torch.Tensor,
+    max_len: int,
+    kernel: Kernel = Kernel.PYTORCH,
+) -> torch.Tensor:
+    """Dense queries (B, Q, H, Dh) attend to their own sequence: → (B, Q, H, Dh).
+
+    Used for target-aware attention (the candidate ad as query) and PMA (seed
+    queries). Empty sequences give zeros. With ``Kernel.FBGEMM`` the segment
+    softmax runs ``torch.ops.fbgemm.jagged_softmax``.
+    """
+    if kernel == Kernel.FBGEMM and fbgemm_op("jagged_softmax", q.device) is not None:
+        from trainer.ops.jagged import jagged_softmax
+
+        total = k.shape[0]
+        batch, nq, heads, dh = q.shape
+        seg = pytorch_segment_ids(offsets, total)
+        scores = torch.einsum("lhd,lqhd->lqh", k, q[seg]) / math.sqrt(dh)
+        weights = jagged_softmax(
+            scores.reshape(total, nq * heads), offsets, max_len, kernel
+        )
+        weighted = torch.einsum("lqh,lhd->lqhd", weights.view(total, nq, heads), v)
+        out = pytorch_segment_sum(weighted.reshape(total, nq * heads * dh), offsets)
+        return out.view(batch, nq, heads, dh)
+    return pt.pytorch_jagged_cross_attention(q, k, v, offsets)
+
+
+def jagged_self_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    offsets: torch.Tensor,
+    max_len: int,
+    kernel: Kernel = Kernel.PYTORCH,
+) -> torch.Tensor:
+    """Bidirectional attention within each sequence, (L, H, Dh).
+
+    **Pads inside the op** to (B, H, max_len, Dh) (the only op that does); see
+    :func:`trainer.ops.pytorch.pt_attention.pytorch_jagged_self_attention`.
+    ``max_len`` must bound every ``L[b]``. With ``Kernel.FBGEMM`` the
+    pad/unpad run fbgemm and the attention runs
+    ``F.scaled_dot_product_attention``.
+    """
+    total, heads, dh = q.shape
+    if (
+        kernel == Kernel.FBGEMM
+        and total > 0
+        and fbgemm_op("jagged_to_padded_dense", q.device) is not None
+        and fbgemm_op("dense_to_jagged", q.device) is not None
+    ):
+        flat = (total, heads * dh)
+        pad = [
+            jagged_to_padded_dense(t.reshape(flat), offsets, max_len, 0.0, kernel)
+            .view(-1, max_len, heads, dh)
+            .transpose(1, 2)
+            for t in (q, k, v)
+        ]
+        lengths = offsets[1:] - offsets[:-1]
+        key_ok = torch.arange(max_len, device=q.device) < lengths.unsqueeze(1)
+        bias = torch.zeros(key_ok.shape, dtype=q.dtype, device=q.device)
+        bias = bias.masked_fill(~key_ok, torch.finfo(q.dtype).min)[:, None, None, :]
+        out = F.scaled_dot_product_attention(pad[0], pad[1], pad[2], attn_mask=bias)
+        out = out.transpose(1, 2).reshape(-1, max_len, heads * dh)
+        return dense_to_jagged(out, offsets, total, kernel).view(total, heads, dh)
+    return pt.pytorch_jagged_self_attention(q, k, v, offsets, max_len)
