@@ -1,0 +1,23 @@
+"""The Beam feature job's stages (``python -m pipelines.build`` wires them).
+
+One module per job, each stage a composite ``PTransform`` named for what it
+produces:
+
+- :mod:`~pipelines.beam.options`: ``GemBuildOptions`` (the CLI flags);
+- :mod:`~pipelines.beam.io`: ``ReadEvents``, ``ReadDimension``,
+  ``WriteExamples``, ``WriteTimelines``, ``WriteFeatureTables``,
+  ``WriteDeadLetters``, and the early input checks;
+- :mod:`~pipelines.beam.validate`: ``ValidateEvents`` (dead letters as a
+  tagged output);
+- :mod:`~pipelines.beam.timelines`: ``DedupeEvents``, ``BuildTimelines``,
+  ``BuildUserSequences``;
+- :mod:`~pipelines.beam.counters`: ``CountEngagement`` (user counters per
+  user shard; ad / advertiser counters through a second keyed aggregation);
+- :mod:`~pipelines.beam.examples`: ``BuildExamples``, ``BuildProfiles``;
+- :mod:`~pipelines.beam.kafka_io`: ``ReadKafkaEvents``, ``PublishExamples``;
+- :mod:`~pipelines.beam.arrow`: the Arrow IPC coder, sharding and the
+  vectorized kernels (as-of lookup, windowed counts).
+
+Elements are Arrow tables keyed by shard, processed whole with numpy /
+pyarrow; every shuffle carries Arrow IPC bytes.
+"""

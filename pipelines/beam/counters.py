@@ -1,0 +1,296 @@
+"""``CountEngagement``: the user / ad / advertiser counters, batched by shard.
+
+A counter ``{entity}_{action}_count_{window}`` of an example at time ``t`` is
+the number of distinct events of that entity and action with time in
+``[t - window, t)``. User counters need only the user's shard. Ad and
+advertiser counters need every event of an ad / advertiser, which are spread
+over all user shards, so they take a second keyed aggregation:
+
+1. each user shard sends, per entity kind, its distinct ad events and its
+   impressions ("queries": entity, time, and where the answer goes back to:
+   the user shard and the impression's ordinal there) to the shard of the
+   entity id (``kind * shards + hash(id) mod shards``), as Arrow IPC;
+2. each entity shard counts for its queries, vectorized, and sends the
+   counters back keyed by user shard, with the ordinals.
+
+The ordinal is the impression's rank in its user shard's timeline order
+``(user_id, event_time, event_id)``, a function of the distinct events only,
+so ``BuildExamples`` joins counters back by it exactly as by example_id, with
+integers instead of strings.
+
+The same counts at every distinct ad-event time of each entity are the rows
+of the ``*_counters`` feature tables (see :mod:`features.feature_tables`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any, Final
+
+import apache_beam as beam
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from apache_beam import pvalue
+
+from features import vocab
+from features.feature_tables import FEATURE_TABLES, counter_names
+from features.registry import COUNTER_ACTIONS, COUNTER_WINDOWS
+from pipelines.beam.arrow import (
+    IntArray,
+    ShardedIpc,
+    ShardedTable,
+    TaggedIpc,
+    concat,
+    count_in_windows,
+    ipc_to_table,
+    shard_of,
+    split_by_shard,
+    table_to_ipc,
+    to_int64,
+)
+
+ENTITY_KINDS: Final = ("ad", "advertiser")
+EXAMPLE_COUNTERS = "example_counters"
+FEATURE_ROWS = "feature_rows"
+_UNIT_MS: Final = {"h": 3_600_000, "d": 86_400_000}
+WINDOWS_MS: Final = tuple(int(w[:-1]) * _UNIT_MS[w[-1]] for w in COUNTER_WINDOWS)
+
+# What travels to an entity shard: events (action 1..3) and queries (action 0).
+ENTITY_ROWS_SCHEMA: Final = pa.schema(
+    [
+        pa.field("entity_id", pa.int64(), False),
+        pa.field("time_ms", pa.int64(), False),
+        pa.field("action", pa.int8(), False),
+        pa.field("user_shard", pa.int32(), False),
+        pa.field("ordinal", pa.int64(), False),
+    ]
+)
+
+ExampleCounters = tuple[int, TaggedIpc]
+"""``(user shard, (entity kind, IPC of ordinal + that kind's 9 counters))``."""
+
+
+def impression_mask(events: pa.Table) -> IntArray:
+    """Boolean mask of the impressions among a shard's events."""
+    return np.asarray(pc.equal(events.column("action"), "impression"))
+
+
+def entity_counters(
+    entity: str,
+    event_ids: IntArray,
+    event_times: IntArray,
+    event_actions: IntArray,
+    query_ids: IntArray,
+    query_times: IntArray,
+) -> dict[str, Any]:
+    """The 9 counters of ``entity`` for each query, as float32 arrays by name.
+
+    Args:
+        entity: ``user``, ``ad`` or ``advertiser`` (names the columns).
+        event_ids: entity id of each distinct ad event.
+        event_times: its time (epoch ms).
+        event_actions: 1-based index into COUNTER_ACTIONS.
+        query_ids: entity of each query.
+        query_times: query time ``t``; counted: ``[t - window, t)``.
+    """
+    names = iter(counter_names(entity))
+    out: dict[str, Any] = {}
+    for code in range(1, len(COUNTER_ACTIONS) + 1):
+        hit = event_actions == code
+        counts = count_in_windows(
+            event_ids[hit], event_times[hit], query_ids, query_times, WINDOWS_MS
+        )
+        for count in counts:
+            out[next(names)] = count.astype(np.float32)
+    return out
+
+
+def counter_rows(
+    entity: str, event_ids: IntArray, event_times: IntArray, event_actions: IntArray
+) -> pa.Table:
+    """The ``{entity}_counters`` feature rows: one per distinct (entity, event time)."""
+    spec = FEATURE_TABLES[f"{entity}_counters"]
+    # Distinct (id, time) pairs in (id, time) order: sort, keep run starts.
+    order = np.lexsort((event_times, event_ids))
+    ids, times = event_ids[order], event_times[order]
+    first = np.ones(ids.size, dtype=bool)
+    first[1:] = (ids[1:] != ids[:-1]) | (times[1:] != times[:-1])
+    ids, times = ids[first], times[first]
+    counters = entity_counters(
+        entity, event_ids, event_times, event_actions, ids, times
+    )
+    columns: dict[str, Any] = {
+        spec.entity: pa.array(ids, pa.int64()),
+        "event_timestamp": pa.array(times, pa.int64()).cast(
+            spec.schema.field("event_timestamp").type
+        ),
+    }
+    columns.update(counters)
+    return pa.Table.from_pydict(columns, schema=spec.schema)
+
+
+def _counter_table(ordinals: IntArray, counters: dict[str, Any]) -> pa.Table:
+    columns = {"ordinal": pa.array(ordinals, pa.int64())}
+    columns.update({n: pa.array(v, pa.float32()) for n, v in counters.items()})
+    return pa.table(columns)
+
+
+class CountUserShardFn(beam.DoFn):  # type: ignore[misc]
+    """A user shard: its user counters, and what it sends to entity shards.
+
+    Outputs: main ``(entity key, rows)`` for the entity shuffle; tagged
+    ``example_counters`` (the user kind) and ``feature_rows``
+    (``user_counters``).
+    """
+
+    def __init__(self, shards: int) -> None:
+        self._shards = shards
+
+    def process(self, element: ShardedTable) -> Iterator[Any]:
+        """Count the user kind here; route ad / advertiser work by entity."""
+        shard, events = element
+        is_ad = np.asarray(
+            pc.is_in(events.column("action"), value_set=pa.array(vocab.AD_ACTIONS))
+        )
+        ads = events.filter(pa.array(is_ad))
+        actions = _action_codes(ads)
+        times = to_int64(ads.column("event_time"))
+        impressions = events.filter(pa.array(impression_mask(events)))
+        query_times = to_int64(impressions.column("event_time"))
+        ordinals = np.arange(impressions.num_rows, dtype=np.int64)
+
+        users = to_int64(ads.column("user_id"))
+        counters = entity_counters(
+            "user",
+            users,
+            times,
+            actions,
+            to_int64(impressions.column("user_id")),
+            query_times,
+        )
+        yield pvalue.TaggedOutput(
+            EXAMPLE_COUNTERS,
+            (shard, ("user", table_to_ipc(_counter_table(ordinals, counters)))),
+        )
+        rows = counter_rows("user", users, times, actions)
+        yield pvalue.TaggedOutput(FEATURE_ROWS, ("user_counters", table_to_ipc(rows)))
+
+        for kind_index, kind in enumerate(ENTITY_KINDS):
+            column = f"{kind}_id"
+            rows = pa.table(
+                {
+                    "entity_id": np.concatenate(
+                        [
+                            to_int64(ads.column(column)),
+                            to_int64(impressions.column(column)),
+                        ]
+                    ),
+                    "time_ms": np.concatenate([times, query_times]),
+                    "action": np.concatenate(
+                        [actions, np.zeros(impressions.num_rows, np.int64)]
+                    ).astype(np.int8),
+                    "user_shard": np.full(
+                        ads.num_rows + impressions.num_rows, shard, np.int32
+                    ),
+                    "ordinal": np.concatenate(
+                        [np.full(ads.num_rows, -1, np.int64), ordinals]
+                    ),
+                },
+                schema=ENTITY_ROWS_SCHEMA,
+            )
+            targets = shard_of(to_int64(rows.column("entity_id")), self._shards)
+            for target, part in split_by_shard(rows, targets):
+                yield kind_index * self._shards + target, table_to_ipc(part)
+
+
+def _action_codes(ad_events: pa.Table) -> IntArray:
+    """1-based index of each ad event's action in COUNTER_ACTIONS."""
+    index = pc.index_in(ad_events.column("action"), value_set=pa.array(COUNTER_ACTIONS))
+    return to_int64(index, -1) + 1
+
+
+class CountEntityShardFn(beam.DoFn):  # type: ignore[misc]
+    """An ad / advertiser shard: counters for its queries and its feature rows."""
+
+    def __init__(self, shards: int) -> None:
+        self._shards = shards
+
+    def process(self, element: tuple[int, Iterable[bytes]]) -> Iterator[Any]:
+        """Answer each user shard's queries; emit the feature rows."""
+        key, parts = element
+        kind = ENTITY_KINDS[key // self._shards]
+        rows = concat([ipc_to_table(p) for p in parts], ENTITY_ROWS_SCHEMA)
+        ids = to_int64(rows.column("entity_id"))
+        times = to_int64(rows.column("time_ms"))
+        actions = to_int64(rows.column("action"))
+        is_event = actions > 0
+        yield pvalue.TaggedOutput(
+            FEATURE_ROWS,
+            (
+                f"{kind}_counters",
+                table_to_ipc(
+                    counter_rows(
+                        kind, ids[is_event], times[is_event], actions[is_event]
+                    )
+                ),
+            ),
+        )
+        query = ~is_event
+        counters = entity_counters(
+            kind,
+            ids[is_event],
+            times[is_event],
+            actions[is_event],
+            ids[query],
+            times[query],
+        )
+        answers = _counter_table(to_int64(rows.column("ordinal"))[query], counters)
+        user_shards = to_int64(rows.column("user_shard"))[query]
+        for user_shard, part in split_by_shard(answers, user_shards):
+            yield user_shard, (kind, table_to_ipc(part))
+
+
+class CountEngagement(beam.PTransform):  # type: ignore[misc]
+    """``(user shard, distinct events)`` -> counters for examples, feature rows.
+
+    Returns a dict: ``example_counters``: ``(user shard, (kind, ordinal +
+    counters))`` for every kind; ``feature_rows``: ``(table name, rows)`` of
+    the three ``*_counters`` feature tables.
+    """
+
+    def __init__(self, shards: int) -> None:
+        super().__init__()
+        self._shards = shards
+
+    def expand(self, events: beam.PCollection) -> dict[str, beam.PCollection]:
+        """User kind in place; ad and advertiser through a keyed aggregation."""
+        local = events | "CountUserShards" >> beam.ParDo(
+            CountUserShardFn(self._shards)
+        ).with_outputs(EXAMPLE_COUNTERS, FEATURE_ROWS, main="entity_rows")
+        entity = (
+            local.entity_rows
+            | "TypeEntityRows" >> beam.Map(_same).with_output_types(ShardedIpc)
+            | "GroupByEntityShard" >> beam.GroupByKey()
+            | "CountEntityShards"
+            >> beam.ParDo(CountEntityShardFn(self._shards)).with_outputs(
+                FEATURE_ROWS, main=EXAMPLE_COUNTERS
+            )
+        )
+        example_counters = (
+            (local[EXAMPLE_COUNTERS], entity[EXAMPLE_COUNTERS])
+            | "AllExampleCounters" >> beam.Flatten()
+            | "TypeExampleCounters"
+            >> beam.Map(_same).with_output_types(ExampleCounters)
+        )
+        feature_rows = (
+            (local[FEATURE_ROWS], entity[FEATURE_ROWS])
+            | "AllFeatureRows" >> beam.Flatten()
+            | "TypeFeatureRows" >> beam.Map(_same).with_output_types(TaggedIpc)
+        )
+        return {EXAMPLE_COUNTERS: example_counters, FEATURE_ROWS: feature_rows}
+
+
+def _same(element: Any) -> Any:
+    """Identity; applied with a type hint so the next shuffle uses Arrow IPC."""
+    return element

@@ -1,0 +1,354 @@
+"""Reading the job's inputs and writing its outputs (see ``OUTPUT_LAYOUT``).
+
+Inputs are checked before the pipeline is built (:func:`check_inputs`), so a
+missing, truncated or foreign file fails at once with a message naming it
+instead of deep inside a runner's stack trace; the read DoFns wrap any later
+read error the same way (:class:`InputFileError`).
+
+Outputs are written through ``apache_beam.io.filesystems.FileSystems``, so the
+same code writes to a local disk, GCS or S3, from any runner. Every part file
+is named after its shard, which makes a retried bundle overwrite its own
+output instead of adding a second copy.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import io
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Final
+
+import apache_beam as beam
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.metrics import Metrics
+
+from features.dimensions import AD_SCHEMA, CONTENT_SCHEMA, USER_SCHEMA
+from features.events import EVENT_COLUMNS, EVENT_SCHEMA
+from features.examples import TIMELINE_SCHEMA, training_example_schema
+from features.feature_tables import FEATURE_TABLES
+from pipelines.beam.arrow import (
+    ShardedTable,
+    TaggedIpc,
+    concat,
+    ipc_to_table,
+    table_to_ipc,
+    to_int64,
+)
+from pipelines.beam.validate import METRICS_NAMESPACE, RawEvents
+
+PARQUET_BATCH_ROWS: Final = 262_144
+JSONL_BATCH_LINES: Final = 65_536
+DAY_MS: Final = 86_400_000
+EVENT_SUFFIXES: Final = (".parquet", ".jsonl")
+
+
+class InputFileError(ValueError):
+    """An input file is missing, unreadable or not what it should be."""
+
+
+def event_files(input_dir: str, *, required: bool = True) -> list[str]:
+    """Event files under ``input_dir/events`` (any depth), sorted."""
+    root = Path(input_dir) / "events"
+    if not root.is_dir():
+        if not required:
+            return []
+        raise InputFileError(f"{root}: no events directory in --input {input_dir}")
+    return sorted(
+        str(p) for p in root.rglob("*") if p.is_file() and p.suffix in EVENT_SUFFIXES
+    )
+
+
+def check_inputs(input_dir: str, *, events_required: bool = True) -> list[str]:
+    """Fail early, naming the file, on inputs the job could not read.
+
+    Parquet footers are read (a truncated file has none) and event files must
+    hold every event column; JSONL is checked line by line later, where a bad
+    line is a dead letter rather than an error.
+
+    Returns:
+        The event files.
+    """
+    files = event_files(input_dir, required=events_required)
+    for path in files:
+        if path.endswith(".parquet"):
+            names = _parquet_schema(path).names
+            missing = [c for c in EVENT_COLUMNS if c not in names]
+            if missing:
+                raise InputFileError(
+                    f"{path}: not an events file, missing columns {missing}"
+                )
+    for name in ("users.parquet", "ads.parquet"):
+        path = str(Path(input_dir) / name)
+        if not Path(path).is_file():
+            raise InputFileError(f"{path}: missing dimension table")
+        _parquet_schema(path)
+    contents = Path(input_dir) / "contents.parquet"
+    if contents.is_file():
+        _parquet_schema(str(contents))
+    return files
+
+
+def _parquet_schema(path: str) -> pa.Schema:
+    try:
+        return pq.read_schema(path)
+    except (OSError, pa.ArrowException) as error:
+        raise InputFileError(f"{path}: unreadable Parquet file ({error})") from error
+
+
+class ReadEventFileFn(beam.DoFn):  # type: ignore[misc]
+    """One event file in, :class:`RawEvents` batches out (bounded memory)."""
+
+    def process(self, path: str) -> Iterator[RawEvents]:
+        """Yield the file's events in batches; errors name the file."""
+        try:
+            if path.endswith(".jsonl"):
+                yield from _jsonl_batches(path)
+            else:
+                yield from _parquet_batches(path)
+        except (OSError, pa.ArrowException, ValueError) as error:
+            if isinstance(error, InputFileError):
+                raise
+            raise InputFileError(f"{path}: cannot read events ({error})") from error
+
+
+def _parquet_batches(path: str) -> Iterator[RawEvents]:
+    with FileSystems.open(path) as handle:
+        parquet = pq.ParquetFile(handle)
+        offset = 0
+        for batch in parquet.iter_batches(
+            batch_size=PARQUET_BATCH_ROWS, columns=list(EVENT_COLUMNS)
+        ):
+            table = pa.Table.from_batches([batch]).cast(EVENT_SCHEMA)
+            yield RawEvents(path, offset, table=table)
+            offset += table.num_rows
+
+
+def _jsonl_batches(path: str) -> Iterator[RawEvents]:
+    with FileSystems.open(path) as handle:
+        lines: list[bytes] = []
+        first = number = 0
+        for number, line in enumerate(handle, start=1):
+            body = line.rstrip(b"\r\n")
+            if not body.strip():
+                continue  # blank lines hold no event
+            if not lines:
+                first = number
+            lines.append(body)
+            if len(lines) == JSONL_BATCH_LINES:
+                yield RawEvents(path, first, payloads=tuple(lines))
+                lines = []
+        if lines:
+            yield RawEvents(path, first, payloads=tuple(lines))
+
+
+class ReadEvents(beam.PTransform):  # type: ignore[misc]
+    """Raw event batches (:class:`RawEvents`) from event files."""
+
+    def __init__(self, files: list[str]) -> None:
+        super().__init__()
+        self._files = files
+
+    def expand(self, pbegin: beam.pvalue.PBegin) -> beam.PCollection:
+        """Files, spread over workers, each read in batches."""
+        return (
+            pbegin
+            | "ListFiles" >> beam.Create(self._files)
+            # Spread files over workers: Create alone keeps them in one bundle.
+            | "SpreadFiles" >> beam.Reshuffle()
+            | "ReadFiles" >> beam.ParDo(ReadEventFileFn()).with_output_types(RawEvents)
+        )
+
+
+def read_dimension(path: str, schema: pa.Schema) -> pa.Table:
+    """A dimension table in exactly ``schema`` (empty when the file is absent)."""
+    if not FileSystems.exists(path):
+        return schema.empty_table()
+    try:
+        with FileSystems.open(path) as handle:
+            table = pq.read_table(handle, columns=schema.names)
+    except (OSError, pa.ArrowException) as error:
+        raise InputFileError(f"{path}: cannot read ({error})") from error
+    return table.cast(schema).combine_chunks()
+
+
+DIMENSION_SCHEMAS: Final = {
+    "users": USER_SCHEMA,
+    "ads": AD_SCHEMA,
+    "contents": CONTENT_SCHEMA,
+}
+
+
+class ReadDimension(beam.PTransform):  # type: ignore[misc]
+    """One dimension table (``users`` / ``ads`` / ``contents``) as one element.
+
+    Small enough to be a side input of every shard (the tables hold one row
+    per entity version, not per event).
+    """
+
+    def __init__(self, input_dir: str, name: str) -> None:
+        super().__init__()
+        self._path = str(Path(input_dir) / f"{name}.parquet")
+        self._schema = DIMENSION_SCHEMAS[name]
+
+    def expand(self, pbegin: beam.pvalue.PBegin) -> beam.PCollection:
+        """Read the file in a DoFn (not at construction), as a pa.Table."""
+        schema = self._schema
+        return (
+            pbegin
+            | "Path" >> beam.Create([self._path])
+            | "Read"
+            >> beam.Map(lambda path: read_dimension(path, schema)).with_output_types(
+                pa.Table
+            )
+        )
+
+
+def write_parquet(table: pa.Table, path: str) -> None:
+    """Write one Parquet file through Beam's filesystems (local, GCS, S3...)."""
+    buffer = io.BytesIO()
+    pq.write_table(table, buffer)
+    with FileSystems.create(path) as handle:
+        handle.write(buffer.getvalue())
+
+
+def _day(day: int) -> str:
+    """``YYYY-MM-DD`` of a day number (days since the epoch)."""
+    return dt.datetime.fromtimestamp(day * 86_400, dt.UTC).date().isoformat()
+
+
+def day_parts(table: pa.Table) -> Iterator[tuple[str, pa.Table]]:
+    """Rows of ``table`` by the UTC day of ``event_time``, as ``(YYYY-MM-DD, rows)``."""
+    days = to_int64(table.column("event_time")) // DAY_MS
+    for day in np.unique(days):
+        rows = table.filter(pa.array(days == day))
+        yield _day(int(day)), rows
+
+
+class WriteExamplesFn(beam.DoFn):  # type: ignore[misc]
+    """Write a shard's examples: one part per (day, shard), sorted by example_id."""
+
+    def __init__(self, output: str) -> None:
+        self._output = output
+        self.examples = Metrics.counter(METRICS_NAMESPACE, "examples")
+
+    def process(self, element: ShardedTable) -> Iterator[str]:
+        """Write, count, and yield the paths written."""
+        shard, examples = element
+        schema = training_example_schema()
+        for day, rows in day_parts(examples):
+            path = f"{self._output}/examples/date={day}/part-{shard:05d}.parquet"
+            write_parquet(rows.sort_by("example_id").cast(schema), path)
+            yield path
+        self.examples.inc(examples.num_rows)
+
+
+class WriteExamples(beam.PTransform):  # type: ignore[misc]
+    """``examples/date=YYYY-MM-DD/part-SSSSS.parquet`` from (shard, examples)."""
+
+    def __init__(self, output: str) -> None:
+        super().__init__()
+        self._output = output
+
+    def expand(self, examples: beam.PCollection) -> beam.PCollection:
+        """Write every shard; the output is the list of paths."""
+        return examples | "WriteParts" >> beam.ParDo(WriteExamplesFn(self._output))
+
+
+class WriteTimelines(beam.PTransform):  # type: ignore[misc]
+    """``timelines/part-SSSSS.parquet`` from (shard, timelines), sorted by user."""
+
+    def __init__(self, output: str) -> None:
+        super().__init__()
+        self._output = output
+
+    def expand(self, timelines: beam.PCollection) -> beam.PCollection:
+        """Write one part per shard."""
+        output = self._output
+
+        def write(element: ShardedTable) -> str:
+            shard, table = element
+            path = f"{output}/timelines/part-{shard:05d}.parquet"
+            write_parquet(table.sort_by("user_id").cast(TIMELINE_SCHEMA), path)
+            return path
+
+        return timelines | "WriteParts" >> beam.Map(write)
+
+
+class WriteFeatureTables(beam.PTransform):  # type: ignore[misc]
+    """``feature_tables/<name>.parquet`` from (name, piece) pairs, one file each.
+
+    Pieces of a table come from every shard; one GroupByKey per table name
+    gathers them (as Arrow IPC) so each table is one file, sorted by (entity,
+    event_timestamp). Every table is written, empty ones included.
+    """
+
+    def __init__(self, output: str) -> None:
+        super().__init__()
+        self._output = output
+
+    def expand(self, pieces: beam.PCollection) -> beam.PCollection:
+        """Group by table name, concatenate, sort and write."""
+        output = self._output
+        empties = (
+            pieces.pipeline
+            | "EveryTable" >> beam.Create(list(FEATURE_TABLES))
+            | "EmptyPiece"
+            >> beam.Map(
+                lambda name: (
+                    name,
+                    table_to_ipc(FEATURE_TABLES[name].schema.empty_table()),
+                )
+            ).with_output_types(TaggedIpc)
+        )
+
+        def write(element: tuple[str, Iterable[bytes]]) -> str:
+            name, parts = element
+            spec = FEATURE_TABLES[name]
+            tables = [ipc_to_table(p) for p in parts]
+            table = concat([t for t in tables if t.num_rows], spec.schema)
+            # One gather in (entity, time) order; a stable sort keeps the
+            # table order of equal keys (profile versions), like the reference.
+            order = np.lexsort(
+                (
+                    to_int64(table.column("event_timestamp")),
+                    to_int64(table.column(spec.entity)),
+                )
+            )
+            table = table.take(pa.array(order))
+            path = f"{output}/feature_tables/{name}.parquet"
+            write_parquet(table.cast(spec.schema), path)
+            return path
+
+        return (
+            (pieces, empties)
+            | "AllPieces" >> beam.Flatten()
+            | "ByTable" >> beam.GroupByKey()
+            | "WriteTables" >> beam.Map(write)
+        )
+
+
+class WriteDeadLetters(beam.PTransform):  # type: ignore[misc]
+    """``dead_letters/part-SSSSS-of-NNNNN.jsonl``: one JSON line per rejected event."""
+
+    def __init__(self, output: str) -> None:
+        super().__init__()
+        self._output = output
+
+    def expand(self, lines: beam.PCollection) -> beam.PCollection:
+        """Beam's text sink (temp files, then an atomic rename)."""
+        return lines | "WriteLines" >> beam.io.WriteToText(
+            f"{self._output}/dead_letters/part",
+            file_name_suffix=".jsonl",
+            shard_name_template="-SSSSS-of-NNNNN",
+        )
+
+
+def sorted_unique_days(times: pa.ChunkedArray) -> list[str]:
+    """UTC days present in a timestamp column (for summaries and tests)."""
+    days = np.unique(to_int64(pc.drop_null(times)) // DAY_MS)
+    return [_day(int(d)) for d in days]

@@ -1,0 +1,318 @@
+"""Distinct events per user shard, and the timelines built from them.
+
+- ``DedupeEvents``: valid event batches -> ``(shard, events)``: every user's
+  events in one shard (hash of ``user_id`` mod ``--shards``), each
+  ``event_id`` once, sorted by ``(user_id, event_time, event_id)``, the
+  timeline order. Duplicates are exact copies of one user's event, so the
+  user shard is a key-based shuffle that sees all copies.
+- ``BuildTimelines``: ``(shard, events)`` -> ``(shard, timelines)`` in
+  :data:`~features.examples.TIMELINE_SCHEMA`, one row per user.
+- ``BuildUserSequences``: ``(shard, timelines)`` -> the ``user_sequence``
+  feature table's rows (hourly snapshots, see :mod:`features.feature_tables`).
+
+Every step works on a whole shard with numpy / Arrow kernels.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import apache_beam as beam
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from apache_beam.metrics import Metrics
+from apache_beam.transforms.window import GlobalWindow
+from apache_beam.utils.timestamp import MIN_TIMESTAMP
+from apache_beam.utils.windowed_value import WindowedValue
+
+from features import vocab
+from features.events import EVENT_SCHEMA
+from features.examples import TIMELINE_SCHEMA
+from features.feature_tables import FEATURE_TABLES, USER_SEQUENCE_LENGTH
+from features.registry import sequence_item_key
+from features.windows import window_positions
+from pipelines.beam.arrow import (
+    IntArray,
+    ShardedIpc,
+    ShardedTable,
+    TaggedIpc,
+    asof_rows,
+    concat,
+    ipc_to_table,
+    shard_of,
+    split_by_shard,
+    table_to_ipc,
+    to_int64,
+    vocabulary_codes,
+)
+from pipelines.beam.validate import METRICS_NAMESPACE
+
+HOUR_MS = 3_600_000
+SHARD_BATCH_ROWS = 262_144
+TIMELINE_ORDER = [
+    ("user_id", "ascending"),
+    ("event_time", "ascending"),
+    ("event_id", "ascending"),
+]
+
+
+def dedupe_events(events: pa.Table) -> pa.Table:
+    """Each event_id once, sorted by ``(user_id, event_time, event_id)``.
+
+    Of copies that differ (they should not), the first in that order is kept,
+    so the result does not depend on the order batches arrived in.
+    """
+    ordered = events.sort_by(TIMELINE_ORDER)
+    ids = pc.dictionary_encode(ordered.column("event_id").combine_chunks())
+    codes = np.asarray(ids.indices.to_numpy(), dtype=np.int64)
+    first = np.zeros(ids.dictionary.__len__(), dtype=np.int64)
+    # Reverse scatter: the smallest position of each code wins.
+    first[codes[::-1]] = np.arange(codes.size - 1, -1, -1)
+    if first.size == ordered.num_rows:
+        return ordered
+    return ordered.take(pa.array(np.sort(first)))
+
+
+class ShardEventsFn(beam.DoFn):  # type: ignore[misc]
+    """Split batches of valid events by user shard.
+
+    Small batches (many small files, say one per day) are gathered up to
+    :data:`SHARD_BATCH_ROWS` rows within a bundle first, so the shuffle
+    carries a few large IPC pieces per shard rather than many tiny ones.
+    """
+
+    def __init__(self, shards: int) -> None:
+        self._shards = shards
+        self._pending: list[pa.Table] = []
+        self._rows = 0
+
+    def start_bundle(self) -> None:
+        """Nothing is pending at the start of a bundle."""
+        self._pending, self._rows = [], 0
+
+    def process(self, events: pa.Table) -> Iterator[ShardedIpc]:
+        """Buffer the batch; split the buffer once it is large enough."""
+        self._pending.append(events)
+        self._rows += events.num_rows
+        if self._rows >= SHARD_BATCH_ROWS:
+            yield from self._split()
+
+    def finish_bundle(self) -> Iterator[WindowedValue]:
+        """Split what is left (the job runs in the global window)."""
+        for element in self._split():
+            yield WindowedValue(element, MIN_TIMESTAMP, [GlobalWindow()])
+
+    def _split(self) -> Iterator[ShardedIpc]:
+        if not self._pending:
+            return
+        events = concat(self._pending, EVENT_SCHEMA)
+        self._pending, self._rows = [], 0
+        shards = shard_of(to_int64(events.column("user_id")), self._shards)
+        for shard, part in split_by_shard(events, shards):
+            yield shard, table_to_ipc(part)
+
+
+class DedupeEventsFn(beam.DoFn):  # type: ignore[misc]
+    """A user shard's batches -> its distinct events in timeline order."""
+
+    def __init__(self) -> None:
+        self.duplicates = Metrics.counter(METRICS_NAMESPACE, "duplicates_removed")
+        self.distinct = Metrics.counter(METRICS_NAMESPACE, "events_distinct")
+
+    def process(self, element: tuple[int, Iterable[bytes]]) -> Iterator[ShardedTable]:
+        """Concatenate, dedupe, sort; count what was dropped."""
+        shard, batches = element
+        events = concat([ipc_to_table(b) for b in batches], EVENT_SCHEMA)
+        distinct = dedupe_events(events)
+        self.duplicates.inc(events.num_rows - distinct.num_rows)
+        self.distinct.inc(distinct.num_rows)
+        yield shard, distinct
+
+
+class DedupeEvents(beam.PTransform):  # type: ignore[misc]
+    """Valid event batches -> ``(user shard, distinct events in timeline order)``."""
+
+    def __init__(self, shards: int) -> None:
+        super().__init__()
+        self._shards = shards
+
+    def expand(self, events: beam.PCollection) -> beam.PCollection:
+        """Shard by user, shuffle (Arrow IPC), dedupe each shard."""
+        return (
+            events
+            | "ShardByUser"
+            >> beam.ParDo(ShardEventsFn(self._shards)).with_output_types(ShardedIpc)
+            | "GroupShards" >> beam.GroupByKey()
+            | "Dedupe" >> beam.ParDo(DedupeEventsFn()).with_output_types(ShardedTable)
+        )
+
+
+def event_categories(events: pa.Table, ads: pa.Table, contents: pa.Table) -> IntArray:
+    """``seq_category`` of each event: the ad's declared creative category as
+    of the event (ads table) or the content's category; 0 when unknown."""
+    is_ad = np.asarray(
+        pc.is_in(events.column("action"), value_set=pa.array(vocab.AD_ACTIONS))
+    )
+    times = to_int64(events.column("event_time"))
+    ad_rows = asof_rows(
+        to_int64(ads.column("ad_id")),
+        to_int64(ads.column("updated_at")),
+        to_int64(events.column("ad_id"), -1),
+        times,
+    )
+    ad_codes = vocabulary_codes(ads.column("creative_category"), vocab.CATEGORIES)
+    content_ids = to_int64(contents.column("content_id"))
+    content_rows = asof_rows(
+        content_ids,
+        np.zeros(content_ids.size, np.int64),
+        to_int64(events.column("content_id"), -1),
+        np.zeros(events.num_rows, np.int64),
+    )
+    content_codes = vocabulary_codes(
+        contents.column("content_category"), vocab.CATEGORIES
+    )
+    category = np.zeros(events.num_rows, dtype=np.int64)
+    ad_hit = is_ad & (ad_rows >= 0)
+    category[ad_hit] = ad_codes[ad_rows[ad_hit]]
+    content_hit = ~is_ad & (content_rows >= 0)
+    category[content_hit] = content_codes[content_rows[content_hit]]
+    return category
+
+
+def user_offsets(users: IntArray) -> IntArray:
+    """Offsets (U + 1) of the runs of equal users in a user-sorted array."""
+    if users.size == 0:
+        return np.zeros(1, dtype=np.int64)
+    starts = np.flatnonzero(np.diff(users)) + 1
+    return np.concatenate([[0], starts, [users.size]]).astype(np.int64)
+
+
+def build_timelines(events: pa.Table, ads: pa.Table, contents: pa.Table) -> pa.Table:
+    """One timeline row per user from distinct events in timeline order.
+
+    Args:
+        events: distinct valid events sorted by (user_id, event_time, event_id).
+        ads: the ads table (for the as-of creative category).
+        contents: the contents table.
+
+    Returns:
+        TIMELINE_SCHEMA, one row per user, in user order.
+    """
+    users = to_int64(events.column("user_id"))
+    offsets = user_offsets(users)
+    is_ad = np.asarray(
+        pc.is_in(events.column("action"), value_set=pa.array(vocab.AD_ACTIONS))
+    )
+    values: dict[str, Any] = {
+        "event_time": events.column("event_time").combine_chunks(),
+        "seq_item_id": sequence_item_key(
+            to_int64(events.column("ad_id")),
+            to_int64(events.column("content_id")),
+            is_ad,
+        ),
+        "seq_action": vocabulary_codes(events.column("action"), vocab.ACTIONS),
+        "seq_domain": vocabulary_codes(events.column("domain"), vocab.DOMAINS),
+        "seq_surface": vocabulary_codes(events.column("surface"), vocab.SURFACES),
+        "seq_category": event_categories(events, ads, contents),
+    }
+    list_offsets = pa.array(offsets.astype(np.int32), pa.int32())
+    arrays = [pa.array(users[offsets[:-1]], pa.int64())]
+    for field in TIMELINE_SCHEMA:
+        if field.name == "user_id":
+            continue
+        flat = pa.array(values[field.name], field.type.value_type)
+        arrays.append(pa.ListArray.from_arrays(list_offsets, flat))
+    return pa.Table.from_arrays(arrays, schema=TIMELINE_SCHEMA)
+
+
+class BuildTimelinesFn(beam.DoFn):  # type: ignore[misc]
+    """``(shard, distinct events)`` -> ``(shard, timelines)``."""
+
+    def __init__(self) -> None:
+        self.timelines = Metrics.counter(METRICS_NAMESPACE, "timelines")
+        self.events = Metrics.counter(METRICS_NAMESPACE, "timeline_events")
+
+    def process(
+        self, element: ShardedTable, ads: pa.Table, contents: pa.Table
+    ) -> Iterator[ShardedTable]:
+        """Build and count the shard's timelines."""
+        shard, events = element
+        timelines = build_timelines(events, ads, contents)
+        self.timelines.inc(timelines.num_rows)
+        self.events.inc(events.num_rows)
+        yield shard, timelines
+
+
+class BuildTimelines(beam.PTransform):  # type: ignore[misc]
+    """``(shard, distinct events)`` -> ``(shard, timelines)`` (TIMELINE_SCHEMA)."""
+
+    def __init__(self, ads: Any, contents: Any) -> None:
+        super().__init__()
+        self._ads = ads
+        self._contents = contents
+
+    def expand(self, events: beam.PCollection) -> beam.PCollection:
+        """One DoFn over each shard, the dimension tables as side inputs."""
+        return events | "Timelines" >> beam.ParDo(
+            BuildTimelinesFn(),
+            ads=beam.pvalue.AsSingleton(self._ads),
+            contents=beam.pvalue.AsSingleton(self._contents),
+        ).with_output_types(ShardedTable)
+
+
+def user_sequences(timelines: pa.Table) -> pa.Table:
+    """The ``user_sequence`` feature table rows of some users' timelines.
+
+    One row per (user, UTC hour with an event of the user), at the end of the
+    hour, with the last :data:`USER_SEQUENCE_LENGTH` events strictly before it.
+    """
+    spec = FEATURE_TABLES["user_sequence"]
+    times = timelines.column("event_time").combine_chunks()
+    flat_times = to_int64(times.values)
+    lengths = np.diff(np.asarray(times.offsets.to_numpy(), dtype=np.int64))
+    owner = np.repeat(np.arange(timelines.num_rows), lengths)
+    hour_end = (flat_times // HOUR_MS + 1) * HOUR_MS
+    # Distinct (user, hour) pairs; both arrays are sorted within each user.
+    pair = np.ones(flat_times.size, dtype=bool)
+    pair[1:] = (owner[1:] != owner[:-1]) | (hour_end[1:] != hour_end[:-1])
+    rows, ends = owner[pair], hour_end[pair]
+    users = to_int64(timelines.column("user_id"))[rows]
+    # Events strictly before the hour's end: every event of the user up to the
+    # last one of that hour (times ascend), i.e. the index of the next pair.
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+    following = np.append(np.flatnonzero(pair)[1:], flat_times.size)
+    cuts = following - starts[rows]
+    positions, offsets, columns = window_positions(
+        users, cuts, timelines, USER_SEQUENCE_LENGTH
+    )
+    take = pa.array(positions, pa.int64())
+    list_offsets = pa.array(offsets.astype(np.int32), pa.int32())
+    arrays: list[pa.Array] = [
+        pa.array(users, pa.int64()),
+        pa.array(ends, pa.int64()).cast(spec.schema.field("event_timestamp").type),
+    ]
+    for field in spec.schema:
+        if field.name in ("user_id", "event_timestamp"):
+            continue
+        source = "event_time" if field.name == "seq_event_time_ms" else field.name
+        values = columns[source].take(take)
+        if source == "event_time":
+            values = values.cast(pa.int64())
+        flat = values.cast(field.type.value_type)
+        arrays.append(pa.ListArray.from_arrays(list_offsets, flat))
+    return pa.Table.from_arrays(arrays, schema=spec.schema)
+
+
+class BuildUserSequences(beam.PTransform):  # type: ignore[misc]
+    """``(shard, timelines)`` -> ``("user_sequence", rows as IPC)`` pieces."""
+
+    def expand(self, timelines: beam.PCollection) -> beam.PCollection:
+        """Snapshot every active hour of every user of each shard."""
+        return timelines | "Snapshots" >> beam.Map(
+            lambda element: (
+                "user_sequence",
+                table_to_ipc(user_sequences(element[1])),
+            )
+        ).with_output_types(TaggedIpc)

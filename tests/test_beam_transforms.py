@@ -1,0 +1,338 @@
+"""Each Beam stage on its own: ``TestPipeline | beam.Create(sample) | Stage()``.
+
+Stages take and give Arrow tables keyed by shard; the assertions turn them
+into plain values first (ids, counts) so ``equal_to`` compares Python data.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import apache_beam as beam
+import numpy as np
+import pyarrow as pa
+import pytest
+from apache_beam.testing.test_pipeline import TestPipeline as BeamTestPipeline
+from apache_beam.testing.util import assert_that, equal_to
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from features.dimensions import AD_SCHEMA, CONTENT_SCHEMA, USER_SCHEMA
+from features.events import encode_event_table, events_from_records
+from pipelines.beam.arrow import (
+    ArrowTableCoder,
+    asof_rows,
+    count_in_windows,
+    ipc_to_table,
+    table_to_ipc,
+)
+from pipelines.beam.counters import EXAMPLE_COUNTERS, FEATURE_ROWS, CountEngagement
+from pipelines.beam.examples import BuildExamples
+from pipelines.beam.timelines import BuildTimelines, DedupeEvents
+from pipelines.beam.validate import RawEvents, ValidateEvents, ValidateEventsFn
+
+T0 = 1_790_000_000_000  # 2026-09-21
+NOW = T0 + 30 * 86_400_000
+HOUR = 3_600_000
+
+
+def _pipeline() -> BeamTestPipeline:
+    # FnApiRunner: DirectRunner tries to download Prism first, offline.
+    return BeamTestPipeline(runner="FnApiRunner")
+
+
+def _ad(
+    event_id: str, t: int, user: int, action: str = "impression", **kw: Any
+) -> dict[str, Any]:
+    record = {
+        "schema_version": 1,
+        "event_id": event_id,
+        "event_time": t,
+        "user_id": user,
+        "domain": "facebook",
+        "surface": "feed",
+        "action": action,
+        "ad_id": 7,
+        "advertiser_id": 3,
+        "campaign_id": 5,
+        "ad_format": "image",
+        "objective": "traffic",
+    }
+    record.update(kw)
+    return record
+
+
+def _organic(event_id: str, t: int, user: int) -> dict[str, Any]:
+    return {
+        "schema_version": 1,
+        "event_id": event_id,
+        "event_time": t,
+        "user_id": user,
+        "domain": "instagram",
+        "surface": "reels",
+        "action": "view",
+        "content_id": 4,
+    }
+
+
+EVENTS = events_from_records(
+    [
+        _organic("o1", T0, 1),
+        _ad("i1", T0 + 10, 1),
+        _ad("c1", T0 + 20, 1, "click", impression_id="i1"),
+        _ad("i2", T0 + HOUR, 1),
+        _ad("i3", T0 + 5, 2),  # another user, same ad
+        _ad("i3", T0 + 5, 2),  # an exact duplicate
+        _ad("x9", T0 + 50, 2, "conversion", impression_id="i3"),
+    ]
+)
+USERS = pa.Table.from_pylist(
+    [
+        {
+            "user_id": 1,
+            "age": 30,
+            "gender": "female",
+            "location": "US-01",
+            "device": "ios",
+            "signup_time": T0 - 10**9,
+            "updated_at": T0 - 10**9,
+        },
+        {
+            "user_id": 2,
+            "age": 70,
+            "gender": "male",
+            "location": "US-02",
+            "device": "web",
+            "signup_time": T0 - 10**9,
+            "updated_at": T0 + 6,
+        },
+    ],
+    schema=USER_SCHEMA,
+)
+ADS = pa.Table.from_pylist(
+    [
+        {
+            "ad_id": 7,
+            "advertiser_id": 3,
+            "campaign_id": 5,
+            "ad_format": "image",
+            "objective": "traffic",
+            "creative_category": "travel",
+            "created_at": T0 - 10**9,
+            "updated_at": T0 - 10**9,
+        }
+    ],
+    schema=AD_SCHEMA,
+)
+CONTENTS = pa.Table.from_pylist(
+    [
+        {
+            "content_id": 4,
+            "content_type": "photo",
+            "content_category": "pets",
+            "created_at": T0 - 10**9,
+        }
+    ],
+    schema=CONTENT_SCHEMA,
+)
+
+
+def _table(p: beam.Pipeline, label: str, table: pa.Table) -> beam.PCollection:
+    return p | label >> beam.Create([table]).with_output_types(pa.Table)
+
+
+def test_arrow_coder_round_trips_and_is_used_for_table_hints() -> None:
+    coder = beam.coders.registry.get_coder(pa.Table)
+    assert isinstance(coder, ArrowTableCoder)
+    assert coder.decode(coder.encode(EVENTS)).equals(EVENTS)
+    assert ipc_to_table(table_to_ipc(EVENTS)).equals(EVENTS)
+
+
+def test_validate_events_splits_valid_and_dead_letters() -> None:
+    bad = EVENTS.slice(0, 1).to_pylist()[0] | {"surface": "inbox"}
+    table = pa.concat_tables([EVENTS, events_from_records([bad])])
+    lines = (*encode_event_table(EVENTS.slice(0, 2)), b"nope")
+    with _pipeline() as p:
+        batches = p | beam.Create(
+            [
+                RawEvents("a.parquet", 0, table=table),
+                RawEvents("b.jsonl", 1, payloads=lines),
+            ]
+        ).with_output_types(RawEvents)
+        out = batches | ValidateEvents(now=NOW)
+        assert_that(
+            out.valid | beam.Map(lambda t: t.num_rows), equal_to([7, 2]), label="Valid"
+        )
+        reasons = out.dead_letters | beam.Map(
+            lambda line: __import__("json").loads(line)["reason"]
+        )
+        assert_that(
+            reasons,
+            equal_to(
+                [
+                    "surface 'inbox' does not belong to domain 'instagram'",
+                    "not JSON: Expecting value at char 0",
+                ]
+            ),
+            label="Dead",
+        )
+
+
+def _dedupe_and_timelines() -> tuple[Any, Any, Any]:
+    p = _pipeline()
+    ads, contents = _table(p, "Ads", ADS), _table(p, "Contents", CONTENTS)
+    events = _table(p, "Events", EVENTS) | DedupeEvents(shards=2)
+    return p, events, events | BuildTimelines(ads, contents)
+
+
+def test_dedupe_and_timelines() -> None:
+    p, events, timelines = _dedupe_and_timelines()
+    ids = events | beam.FlatMap(lambda e: e[1].column("event_id").to_pylist())
+    assert_that(ids, equal_to(["o1", "i1", "c1", "i2", "i3", "x9"]), label="Ids")
+    rows = timelines | beam.FlatMap(
+        lambda e: [
+            (r["user_id"], r["seq_action"], r["seq_category"]) for r in e[1].to_pylist()
+        ]
+    )
+    # actions: view=4, impression=1, click=2, conversion=3; travel=3, pets=13
+    assert_that(
+        rows,
+        equal_to([(1, [4, 1, 2, 1], [13, 3, 3, 3]), (2, [1, 3], [3, 3])]),
+        label="Timelines",
+    )
+    p.run().wait_until_finish()
+
+
+def test_count_engagement_and_build_examples() -> None:
+    p = _pipeline()
+    users, ads = _table(p, "Users", USERS), _table(p, "Ads", ADS)
+    events = _table(p, "Events", EVENTS) | DedupeEvents(shards=2)
+    counters = events | CountEngagement(shards=2)
+    examples = events | BuildExamples(counters[EXAMPLE_COUNTERS], users, ads)
+    rows = examples | beam.FlatMap(
+        lambda e: [
+            (
+                r["example_id"],
+                r["label_click"],
+                r["label_conversion"],
+                r["user_age_bucket"],
+                r["ad_impression_count_1h"],
+                r["ad_impression_count_1d"],
+                r["user_click_count_1d"],
+                r["timeline_cut"],
+            )
+            for r in e[1].to_pylist()
+        ]
+    )
+    assert_that(
+        rows,
+        equal_to(
+            [
+                # i3 (t0+5): user 2's row is updated at t0+6, after: age 0.
+                ("i3", 0, 1, 0, 0.0, 0.0, 0.0, 0),
+                ("i1", 1, 0, 3, 1.0, 1.0, 0.0, 1),  # i3 of user 2 counts for the ad
+                ("i2", 0, 0, 3, 2.0, 2.0, 1.0, 3),  # 1h: [t0, t0+H) holds i1 and i3
+            ]
+        ),
+        label="Examples",
+    )
+    tables = counters[FEATURE_ROWS] | beam.Map(
+        lambda e: (e[0], ipc_to_table(e[1]).num_rows)
+    )
+    assert_that(
+        tables | beam.CombinePerKey(sum),
+        equal_to(
+            [("user_counters", 5), ("ad_counters", 5), ("advertiser_counters", 5)]
+        ),
+        label="FeatureRows",
+    )
+    p.run().wait_until_finish()
+
+
+def test_kernels() -> None:
+    rows = asof_rows(
+        np.array([1, 1, 2]),
+        np.array([10, 20, 5]),
+        np.array([1, 2, 3]),
+        np.array([20, 4, 9]),
+    )
+    assert rows.tolist() == [1, -1, -1]
+    counts = count_in_windows(
+        np.array([5, 5]),
+        np.array([100, 200]),
+        np.array([5]),
+        np.array([200]),
+        (50, 150),
+    )
+    assert [c.tolist() for c in counts] == [[0], [1]]
+
+
+# --- the parser under corrupted input --------------------------------------
+
+_VALID_LINES = encode_event_table(EVENTS)
+
+
+@st.composite
+def _corrupted(draw: st.DrawFn) -> bytes:
+    line = draw(st.sampled_from(_VALID_LINES))
+    how = draw(st.sampled_from(["keep", "truncate", "flip", "junk", "field"]))
+    if how == "truncate":
+        return line[: draw(st.integers(0, max(0, len(line) - 1)))]
+    if how == "flip":
+        i = draw(st.integers(0, len(line) - 1))
+        return line[:i] + bytes([line[i] ^ draw(st.integers(1, 255))]) + line[i + 1 :]
+    if how == "junk":
+        return draw(st.binary(max_size=64))
+    if how == "field":
+        return (
+            line.replace(b'"user_id":', b'"user_id":-')
+            if draw(st.booleans())
+            else line.replace(b'"facebook"', b'"friendster"')
+        )
+    return line
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(_corrupted(), max_size=25))
+def test_corrupted_lines_are_counted_and_never_crash(lines: list[bytes]) -> None:
+    fn = ValidateEventsFn(NOW)
+    outputs = list(fn.process(RawEvents("x.jsonl", 1, payloads=tuple(lines))))
+    valid = sum(o.num_rows for o in outputs if isinstance(o, pa.Table))
+    dead = [o for o in outputs if not isinstance(o, pa.Table)]
+    assert valid + len(dead) == len(lines)
+    for letter in dead:
+        assert "reason" in __import__("json").loads(letter.value)
+
+
+@pytest.mark.parametrize("value", [dt.datetime(2026, 1, 1, tzinfo=dt.UTC)])
+def test_dead_letter_lines_are_json(value: dt.datetime) -> None:
+    from pipelines.beam.validate import dead_letter_line
+
+    assert '"reason":"r"' in dead_letter_line(None, b"\xff", "r")
+    assert '"event_id":"e"' in dead_letter_line({"event_id": "e"}, b"", "r")
+
+
+def test_every_shuffle_carries_ipc_bytes_not_pickles() -> None:
+    """Each GroupByKey's input coder is (int | str key, bytes-bearing value)."""
+    p = _pipeline()
+    users, ads = _table(p, "Users", USERS), _table(p, "Ads", ADS)
+    events = _table(p, "Events", EVENTS) | DedupeEvents(shards=2)
+    counters = events | CountEngagement(shards=2)
+    _ = events | BuildExamples(counters[EXAMPLE_COUNTERS], users, ads)
+    shuffled: list[str] = []
+
+    class Visitor(beam.pipeline.PipelineVisitor):  # type: ignore[misc]
+        def visit_transform(self, node: Any) -> None:
+            if isinstance(node.transform, beam.GroupByKey):
+                (pcoll,) = node.inputs
+                shuffled.append(
+                    repr(beam.coders.registry.get_coder(pcoll.element_type))
+                )
+
+    p.visit(Visitor())
+    assert len(shuffled) == 3
+    for coder in shuffled:
+        assert "Pickle" not in coder
+        assert "FastPrimitives" not in coder
+        assert "Bytes" in coder

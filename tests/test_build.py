@@ -1,0 +1,308 @@
+"""The Beam feature job end to end: same output as the single-process reference.
+
+One pipeline run on a small generated data set (plus injected invalid and
+duplicated events) is shared by the module; MovieLens 100k is compared when the
+shared data is present; the Kafka in/out path runs against the embedded broker.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+import pytest
+
+from features.example_messages import SCHEMA_HEADER, decode_example_message
+from features.examples import TIMELINE_SCHEMA, training_example_schema
+from features.feature_tables import COUNT_NAMES, FEATURE_TABLES
+from features.kafka import KafkaSettings
+from features.windows import attach_windows
+from pipelines import build
+from pipelines.beam.io import InputFileError
+from pipelines.event_stream import publish_events, publish_raw
+from pipelines.reference import (
+    ReferenceOutput,
+    _dead_letter_lines,
+    build_reference,
+    read_input,
+)
+from pipelines.synthetic import GeneratorConfig, generate_dataset, validation_now_ms
+from pipelines.synthetic.writer import read_events
+
+ROOT = Path(__file__).resolve().parents[1]
+MOVIELENS = ROOT.parent / "shared" / "data" / "movielens-100k"
+RUNNER = "--runner=FnApiRunner"  # DirectRunner tries Prism first (slow offline)
+CONFIG = GeneratorConfig(users=300, ads=60, days=2, seed=5)
+NOW = validation_now_ms(CONFIG)
+
+
+def _bad_rows(events: pa.Table) -> pa.Table:
+    """Invalid rows (bad domain, future time) and exact duplicates."""
+    rows = events.slice(0, 6).to_pylist()
+    rows[0]["domain"] = "myspace"
+    rows[0]["event_id"] = "bad-domain"
+    rows[1]["event_time"] = rows[1]["event_time"].replace(year=2100)
+    rows[1]["event_id"] = "far-future"
+    return pa.Table.from_pylist(rows, schema=events.schema)  # rows 2-5: duplicates
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A generated data set with an extra file of invalid and duplicate rows."""
+    root = tmp_path_factory.mktemp("gen")
+    data, _ = generate_dataset(CONFIG, root)
+    extra = root / "events" / "date=2026-10-01" / "part-1.parquet"
+    pq.write_table(_bad_rows(data.events), extra)
+    return root
+
+
+@pytest.fixture(scope="module")
+def built(dataset: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The Beam job's output on ``dataset`` (one run for the module)."""
+    out = tmp_path_factory.mktemp("beam")
+    build.run([RUNNER, "--input", str(dataset), "--output", str(out), "--shards", "4"])
+    return out
+
+
+@pytest.fixture(scope="module")
+def reference(dataset: Path) -> ReferenceOutput:
+    """The reference's output on ``dataset``."""
+    return build_reference(*read_input(dataset), now_ms=NOW)
+
+
+def _examples(out: Path) -> pa.Table:
+    table = ds.dataset(out / "examples", format="parquet", partitioning="hive")
+    rows = table.to_table().drop_columns(["date"]).sort_by("example_id")
+    return rows.cast(training_example_schema())
+
+
+def _assert_same_as_reference(out: Path, ref: ReferenceOutput) -> None:
+    got = _examples(out)
+    assert got.schema.equals(training_example_schema(), check_metadata=False)
+    for name in got.column_names:
+        assert got.column(name).equals(ref.examples.column(name)), name
+    timelines = pq.read_table(out / "timelines").sort_by("user_id")
+    assert timelines.cast(TIMELINE_SCHEMA).equals(ref.timelines)
+    for name, table in ref.feature_tables.items():
+        mine = pq.read_table(out / "feature_tables" / f"{name}.parquet")
+        assert mine.schema.equals(FEATURE_TABLES[name].schema, check_metadata=False)
+        assert mine.equals(table), name
+    summary = json.loads((out / "summary.json").read_text())
+    assert {k: summary["counts"][k] for k in COUNT_NAMES} == ref.counts
+
+
+def test_outputs_equal_the_reference(built: Path, reference: ReferenceOutput) -> None:
+    _assert_same_as_reference(built, reference)
+
+
+def test_layout_and_counts_add_up(built: Path) -> None:
+    summary = json.loads((built / "summary.json").read_text())
+    counts = summary["counts"]
+    assert summary["now_ms"] == NOW
+    assert summary["layout_version"] == 1
+    assert (
+        counts["events_read"] == counts["events_valid"] + counts["events_dead_lettered"]
+    )
+    assert (
+        counts["events_valid"]
+        == counts["events_distinct"] + counts["duplicates_removed"]
+    )
+    assert counts["events_distinct"] == counts["timeline_events"]
+    assert counts["impressions"] == counts["examples"] > 0
+    assert counts["duplicates_removed"] >= 4  # the injected copies, at least
+    days = sorted(p.name for p in (built / "examples").iterdir())
+    assert days
+    assert all(d.startswith("date=2026-10-0") for d in days)
+    assert all(p.name.startswith("part-") for p in (built / "timelines").iterdir())
+
+
+def test_dead_letters_hold_fields_and_reason(
+    built: Path, reference: ReferenceOutput
+) -> None:
+    lines = [
+        json.loads(line)
+        for path in sorted((built / "dead_letters").glob("part-*.jsonl"))
+        for line in path.read_text().splitlines()
+    ]
+    by_id = {line["event_id"]: line for line in lines}
+    assert set(by_id) == {"bad-domain", "far-future"}
+    assert by_id["bad-domain"]["reason"] == "field 'domain' has unknown value 'myspace'"
+    assert "in the future" in by_id["far-future"]["reason"]
+    assert isinstance(by_id["far-future"]["event_time"], int)
+    # The same records as the reference writes (its file format, parsed).
+    expected = [
+        json.loads(line)
+        for line in _dead_letter_lines(reference.dead_letters).splitlines()
+    ]
+    assert sorted(lines, key=lambda x: x["event_id"]) == sorted(
+        expected, key=lambda x: x["event_id"]
+    )
+
+
+def test_movielens_equals_the_reference(tmp_path: Path) -> None:
+    if not (MOVIELENS / "u.data").is_file():
+        pytest.skip(f"MovieLens 100k not present at {MOVIELENS}")
+    from pipelines import movielens
+
+    source = tmp_path / "ml"
+    movielens.run(MOVIELENS, source)
+    out = tmp_path / "out"
+    build.run(
+        [RUNNER, "--input", str(source), "--output", str(out), "--now-ms", str(NOW)]
+    )
+    _assert_same_as_reference(out, build_reference(*read_input(source), now_ms=NOW))
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage"])
+def test_corrupt_input_file_fails_naming_the_file(
+    dataset: Path, tmp_path: Path, damage: str
+) -> None:
+    broken = tmp_path / "broken"
+    (broken / "events" / "date=2026-10-01").mkdir(parents=True)
+    for name in ("users.parquet", "ads.parquet", "contents.parquet"):
+        (broken / name).write_bytes((dataset / name).read_bytes())
+    good = (dataset / "events" / "date=2026-10-01" / "part-0.parquet").read_bytes()
+    bad = good[: len(good) // 2] if damage == "truncate" else b"not parquet" * 100
+    path = broken / "events" / "date=2026-10-01" / "part-0.parquet"
+    path.write_bytes(bad)
+    with pytest.raises(InputFileError, match=str(path)):
+        build.run([RUNNER, "--input", str(broken), "--output", str(tmp_path / "o")])
+
+
+def test_jsonl_input_dead_letters_bad_lines(dataset: Path, tmp_path: Path) -> None:
+    source = tmp_path / "jsonl"
+    (source / "events").mkdir(parents=True)
+    for name in ("users.parquet", "ads.parquet", "contents.parquet"):
+        (source / name).write_bytes((dataset / name).read_bytes())
+    events = read_events(dataset).slice(0, 500)
+    from features.events import encode_event_table
+
+    lines = [*encode_event_table(events), b"\xff\xfe", b'{"event_id": 1', b"[1, 2]"]
+    (source / "events" / "part-0.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+    summary = build.run(
+        [
+            RUNNER,
+            "--input",
+            str(source),
+            "--output",
+            str(tmp_path / "o"),
+            "--now-ms",
+            str(NOW),
+            "--shards",
+            "2",
+        ]
+    )
+    counts = summary["counts"]
+    assert counts["events_read"] == len(lines)
+    assert counts["events_dead_lettered"] == 3
+    assert counts["events_valid"] + counts["events_dead_lettered"] == len(lines)
+    letters = (tmp_path / "o" / "dead_letters").glob("*.jsonl")
+    reasons = [
+        json.loads(x)["reason"] for p in letters for x in p.read_text().split("\n") if x
+    ]
+    assert any(r.startswith("not UTF-8") for r in reasons)
+    assert any(r.startswith("not JSON") for r in reasons)
+
+
+@pytest.mark.integration
+def test_kafka_in_and_out(
+    dataset: Path,
+    tmp_path: Path,
+    kafka_settings: KafkaSettings,
+    kafka_topic: Callable[[int], str],
+    reference: ReferenceOutput,
+) -> None:
+    from kafka import KafkaConsumer
+
+    events_topic, examples_topic = kafka_topic(3), kafka_topic(2)
+    events = read_events(dataset)
+    publish_events(events, kafka_settings, events_topic)
+    publish_raw([b"\xff", b"{}"], kafka_settings, events_topic, key=b"bad")
+    source = tmp_path / "dims"  # dimension tables only: events come from Kafka
+    source.mkdir()
+    for name in ("users.parquet", "ads.parquet", "contents.parquet"):
+        (source / name).write_bytes((dataset / name).read_bytes())
+    out = tmp_path / "out"
+    argv = [
+        RUNNER,
+        "--input",
+        str(source),
+        "--output",
+        str(out),
+        "--now-ms",
+        str(NOW),
+        "--kafka-bootstrap",
+        str(kafka_settings.bootstrap),
+        "--events-topic",
+        events_topic,
+        "--kafka-group-id",
+        f"g-{uuid.uuid4().hex}",
+        "--kafka-idle-seconds",
+        "2",
+        "--examples-topic",
+        examples_topic,
+        "--examples-per-message",
+        "300",
+        "--max-seq-len",
+        "16",
+        "--shards",
+        "4",
+    ]
+    summary = build.run(argv)
+    counts, published = summary["counts"], summary["published"]
+    assert counts["events_read"] == events.num_rows + 2
+    assert (
+        counts["events_dead_lettered"] == reference.counts["events_dead_lettered"] + 2
+    )
+    assert counts["examples"] == reference.counts["examples"]
+    assert published["examples"] == counts["examples"]
+
+    consumer = KafkaConsumer(
+        examples_topic,
+        **kafka_settings.consumer_config(
+            group_id=f"t-{uuid.uuid4().hex}",
+            auto_offset_reset="earliest",
+            enable_auto_commit=False,
+            max_partition_fetch_bytes=64 << 20,
+        ),
+    )
+    decoded: list[Any] = []
+    try:
+        while len(decoded) < published["messages"]:
+            for batch in consumer.poll(timeout_ms=2000).values():
+                for message in batch:
+                    headers = [(k, v) for k, v in message.headers]
+                    assert (SCHEMA_HEADER, b"1") in headers
+                    result = decode_example_message(message.value, headers)
+                    assert result.ok, result.reason
+                    decoded.append((message.key, result))
+    finally:
+        consumer.close()
+    full = reference.timelines
+    seen = set()
+    for _, message in decoded:
+        ids = message.examples.column("example_id").to_pylist()
+        seen.update(ids)
+        users = message.segments.column("user_id").to_numpy()
+        assert np.unique(users).size == users.size  # each segment once
+        windows = attach_windows(message.examples, message.segments, 16)
+        assert windows.equals(attach_windows(message.examples, full, 16))
+    assert seen == set(reference.examples.column("example_id").to_pylist())
+    # One key per shard: a user's examples in order within one partition.
+    times: dict[int, list[int]] = {}
+    for _, message in decoded:
+        ex = message.examples
+        for user, t in zip(
+            ex["user_id"].to_pylist(),
+            ex["event_time"].cast(pa.int64()).to_pylist(),
+            strict=True,
+        ):
+            times.setdefault(user, []).append(t)
+    assert all(t == sorted(t) for t in times.values())

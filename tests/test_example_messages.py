@@ -1,0 +1,119 @@
+"""The Kafka example-message codec: round trip, and garbage never crashes it."""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from features.example_messages import (
+    MAGIC,
+    MESSAGE_VERSION,
+    SCHEMA_HEADER,
+    decode_example_message,
+    encode_example_message,
+    message_headers,
+)
+from features.examples import TIMELINE_SEGMENT_SCHEMA, training_example_schema
+
+
+def _examples(n: int) -> pa.Table:
+    schema = training_example_schema()
+    columns = []
+    for field in schema:
+        if pa.types.is_string(field.type):
+            columns.append(pa.array([f"e{i}" for i in range(n)]))
+        elif pa.types.is_timestamp(field.type):
+            columns.append(pa.array(np.arange(n) + 1_790_000_000_000).cast(field.type))
+        else:
+            columns.append(pa.array(np.arange(n) % 5, field.type))
+    return pa.Table.from_arrays(columns, schema=schema)
+
+
+def _segments() -> pa.Table:
+    rows = {
+        "user_id": [1],
+        "event_time": [[1_790_000_000_000]],
+        "seq_item_id": [[14]],
+        "seq_action": [[1]],
+        "seq_domain": [[1]],
+        "seq_surface": [[1]],
+        "seq_category": [[3]],
+        "segment_start": [0],
+    }
+    return pa.Table.from_pydict(rows, schema=TIMELINE_SEGMENT_SCHEMA)
+
+
+def test_round_trip() -> None:
+    message = encode_example_message(_examples(10), _segments())
+    decoded = decode_example_message(message, message_headers())
+    assert decoded.ok
+    assert decoded.examples is not None
+    assert decoded.examples.equals(_examples(10))
+    assert decoded.segments is not None
+    assert decoded.segments.equals(_segments())
+
+
+def test_encode_rejects_foreign_tables() -> None:
+    with pytest.raises(ValueError, match="examples"):
+        encode_example_message(pa.table({"x": [1]}), _segments())
+
+
+@pytest.mark.parametrize(
+    ("data", "headers", "reason"),
+    [
+        (b"", None, "too short"),
+        (b"XXXX" + bytes(20), None, "not an example message"),
+        (struct.pack("<4sHQ", MAGIC, 99, 0), None, "unknown schema version 99"),
+        (struct.pack("<4sHQ", MAGIC, MESSAGE_VERSION, 10**6), None, "truncated"),
+        (struct.pack("<4sHQ", MAGIC, MESSAGE_VERSION, 3) + b"abc", None, "examples"),
+        (b"", [(SCHEMA_HEADER, b"7")], "unknown schema-version header 7"),
+        (None, None, "empty message"),
+    ],
+)
+def test_bad_messages_get_a_reason(
+    data: bytes | None, headers: list[tuple[str, bytes]] | None, reason: str
+) -> None:
+    decoded = decode_example_message(data, headers)
+    assert not decoded.ok
+    assert decoded.reason is not None
+    assert reason in decoded.reason
+
+
+def test_wrong_schema_inside_is_rejected() -> None:
+    good = encode_example_message(_examples(2), _segments())
+    length = struct.unpack_from("<Q", good, 6)[0]
+    sink = pa.BufferOutputStream()
+    other = pa.table({"x": [1]})
+    with pa.ipc.new_stream(sink, other.schema) as writer:
+        writer.write_table(other)
+    swapped = good[: 14 + length] + bytes(sink.getvalue())
+    decoded = decode_example_message(swapped)
+    assert decoded.reason == "segments: schema differs from the contract"
+
+
+_GOOD = encode_example_message(_examples(3), _segments())
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.one_of(
+        st.binary(max_size=200),
+        st.integers(0, len(_GOOD) - 1).map(lambda n: _GOOD[:n]),
+        st.tuples(st.integers(0, len(_GOOD) - 1), st.integers(1, 255)).map(
+            lambda p: _GOOD[: p[0]] + bytes([_GOOD[p[0]] ^ p[1]]) + _GOOD[p[0] + 1 :]
+        ),
+    )
+)
+def test_garbage_never_crashes(data: bytes) -> None:
+    decoded = decode_example_message(data)
+    assert decoded.ok == (decoded.reason is None)
+    if decoded.ok:
+        assert decoded.examples is not None
+        assert decoded.examples.schema.equals(
+            training_example_schema(), check_metadata=False
+        )
