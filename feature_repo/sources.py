@@ -1,0 +1,93 @@
+"""Feast data sources on the feature job's Parquet outputs.
+
+Each feature table of :data:`features.feature_tables.FEATURE_TABLES` is a
+``FileSource`` on ``<features dir>/feature_tables/<name>.parquet`` (the layout
+of :data:`~features.feature_tables.OUTPUT_LAYOUT`). Tables that a streaming
+job updates between batch runs (the counters and the behaviour sequence) are
+wrapped in a ``PushSource``, so ``store.push(...)`` writes fresh rows to the
+online store while the batch source stays what training reads.
+
+The features dir is ``$GEM_FEATURES_DIR``, else the demo's output
+(``demo-output/features`` at the repository root). It is read when this file is
+imported (``feast apply`` imports it), so the registry records the path that
+was in force at apply time.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Final
+
+from feast import FileSource, PushSource
+from feast.data_format import ParquetFormat
+from feast.data_source import DataSource
+
+from features.feature_tables import EVENT_TIMESTAMP, FEATURE_TABLES
+
+FEATURES_DIR_ENV: Final = "GEM_FEATURES_DIR"
+DEFAULT_FEATURES_DIR: Final = (
+    Path(__file__).resolve().parents[1] / "demo-output" / "features"
+)
+PUSHED_TABLES: Final = (
+    "user_counters",
+    "ad_counters",
+    "advertiser_counters",
+    "user_sequence",
+)
+"""Tables a streaming job updates online through their push source."""
+
+
+def features_dir() -> Path:
+    """The feature job's output dir in force (``$GEM_FEATURES_DIR`` or the demo's)."""
+    configured = os.environ.get(FEATURES_DIR_ENV)
+    return Path(configured).resolve() if configured else DEFAULT_FEATURES_DIR
+
+
+def table_path(directory: Path, name: str) -> Path:
+    """Where the feature job writes table ``name`` under ``directory``."""
+    return directory / "feature_tables" / f"{name}.parquet"
+
+
+def batch_source(name: str, directory: Path) -> FileSource:
+    """The ``FileSource`` of feature table ``name`` under ``directory``."""
+    return FileSource(
+        name=f"{name}_source",
+        path=str(table_path(directory.resolve(), name)),
+        file_format=ParquetFormat(),
+        timestamp_field=EVENT_TIMESTAMP,
+        description=FEATURE_TABLES[name].doc,
+    )
+
+
+def push_source_name(name: str) -> str:
+    """The push source name of a pushed table (what ``store.push`` takes)."""
+    return f"{name}_push"
+
+
+def make_sources(directory: Path) -> dict[str, DataSource]:
+    """The source each feature view reads, by table name.
+
+    Pushed tables get a ``PushSource`` wrapping their ``FileSource`` (Feast
+    uses the batch source for training and materialization, the push source
+    for online writes); the others their ``FileSource``.
+    """
+    sources: dict[str, DataSource] = {}
+    for name in FEATURE_TABLES:
+        batch = batch_source(name, directory)
+        sources[name] = (
+            PushSource(name=push_source_name(name), batch_source=batch)
+            if name in PUSHED_TABLES
+            else batch
+        )
+    return sources
+
+
+SOURCES: Final = make_sources(features_dir())
+
+user_profile_source = SOURCES["user_profile"]
+ad_profile_source = SOURCES["ad_profile"]
+user_counters_push_source = SOURCES["user_counters"]
+ad_counters_push_source = SOURCES["ad_counters"]
+advertiser_counters_push_source = SOURCES["advertiser_counters"]
+user_sequence_push_source = SOURCES["user_sequence"]

@@ -1,0 +1,738 @@
+"""Our wrapper around Feast: configuration, table checks, apply, materialize, read.
+
+``feature_repo/`` holds the declarations (what ``feast -c feature_repo apply``
+reads); this module is what the demo, the tests and operators call:
+
+- :func:`repo_config`: the embedded (``local``) or production-like (``prod``)
+  configuration, chosen by ``$GEM_FEAST_ENV`` (one switch), read from
+  ``feature_repo/feature_store[.prod].yaml`` exactly as Feast reads it, with
+  paths and endpoints overridable (state dir, registry URL, Redis, project).
+- :func:`validate_feature_tables`: every feature table's file against the
+  contract, before anything is applied or materialized, so a missing column or
+  a changed type fails with the view and column named, instead of deep inside
+  Feast (whose own schema validation only logs type mismatches).
+- :func:`apply` / :func:`materialize`: ``store.apply`` over the repository's
+  objects built for a given features dir, and materialization (Feast's own
+  engine, or a pyarrow read of the window written through the same store
+  interface, several times faster on the list columns).
+- :func:`historical_features`: point-in-time retrieval that returns one row
+  per request row (see its docstring for the two Feast behaviours it guards).
+- :class:`GuardedSqliteOnlineStore`: the embedded online store. Feast's SQLite
+  store upserts unconditionally, so re-materializing an earlier window (or
+  pushing a late event) overwrites newer values; this subclass drops writes
+  that are not newer than what is stored, as Feast's Redis store already does.
+  ``feature_store.yaml`` selects it, so ``feast materialize`` and
+  ``store.push`` are guarded too, not just this wrapper.
+
+Usage::
+
+    python -m pipelines.feast_ops [--env local|prod] [--features-dir DIR]
+        [--state-dir DIR] [--project P] validate | apply
+        | materialize [--start T] [--end T|now] [--views V ...] [--engine arrow|feast]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import io
+import os
+import sqlite3
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any, Final, Literal
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import yaml
+from feast import FeatureService, FeatureStore, FeatureView, RepoConfig
+from feast.infra.key_encoding_utils import serialize_entity_key
+from feast.infra.online_stores.helpers import compute_table_id, extract_text_and_num
+from feast.infra.online_stores.sqlite import (
+    SqliteOnlineStore,
+    SqliteOnlineStoreConfig,
+)
+from feast.protos.feast.types.EntityKey_pb2 import EntityKey as EntityKeyProto
+from feast.protos.feast.types.Value_pb2 import Value as ValueProto
+from feast.utils import _convert_arrow_to_proto, make_tzaware
+
+from features.feature_tables import EVENT_TIMESTAMP, FEATURE_TABLES
+
+REPO_ROOT: Final = Path(__file__).resolve().parents[1]
+FEATURE_REPO: Final = REPO_ROOT / "feature_repo"
+ENV_VAR: Final = "GEM_FEAST_ENV"
+"""``local`` (default) or ``prod``: the one switch between configurations."""
+CONFIG_FILES: Final = {"local": "feature_store.yaml", "prod": "feature_store.prod.yaml"}
+REGISTRY_URL_VAR: Final = "GEM_FEAST_REGISTRY_URL"
+"""Overrides the prod SQL registry's SQLAlchemy URL."""
+REDIS_VAR: Final = "GEM_FEAST_REDIS"
+"""Overrides the prod Redis connection string (``host:port[,db=N,...]``)."""
+
+Env = Literal["local", "prod"]
+
+
+# --- configuration -----------------------------------------------------------
+
+
+def feast_env(env: str | None = None) -> Env:
+    """``env``, else ``$GEM_FEAST_ENV``, else ``local``; anything else raises."""
+    chosen = env or os.environ.get(ENV_VAR) or "local"
+    if chosen not in CONFIG_FILES:
+        raise ValueError(f"{ENV_VAR} must be one of {sorted(CONFIG_FILES)}: {chosen!r}")
+    return chosen  # type: ignore[return-value]
+
+
+def config_file(env: str | None = None) -> Path:
+    """The ``feature_store*.yaml`` of a configuration (what ``feast -f`` takes)."""
+    return FEATURE_REPO / CONFIG_FILES[feast_env(env)]
+
+
+def repo_config(
+    env: str | None = None,
+    *,
+    state_dir: Path | None = None,
+    project: str | None = None,
+    registry_url: str | None = None,
+    redis: str | None = None,
+) -> RepoConfig:
+    """The Feast configuration of ``env``, from its yaml, with overrides.
+
+    The yaml is read the way Feast's CLI reads it (``$VAR`` expanded, then
+    ``RepoConfig``), so the file stays the one source of each setting.
+
+    Args:
+        env: ``local`` or ``prod`` (default: ``$GEM_FEAST_ENV``, else local).
+        state_dir: local only: where the file registry and the SQLite online
+            store live (default: the yaml's, under ``demo-output/feast``).
+        project: Feast project (tests use a unique one each; it also
+            namespaces every Redis key and SQLite table).
+        registry_url: prod only: SQLAlchemy URL of the SQL registry (default:
+            ``$GEM_FEAST_REGISTRY_URL``, else the yaml's).
+        redis: prod only: Redis connection string (default: ``$GEM_FEAST_REDIS``,
+            else the yaml's).
+    """
+    chosen = feast_env(env)
+    raw: dict[str, Any] = yaml.safe_load(
+        os.path.expandvars(config_file(chosen).read_text())
+    )
+    if project:
+        raw["project"] = project
+    if chosen == "local":
+        if state_dir is not None:
+            state = state_dir.resolve()
+            state.mkdir(parents=True, exist_ok=True)
+            raw["registry"]["path"] = str(state / "registry.db")
+            raw["online_store"]["path"] = str(state / "online_store.db")
+    else:
+        url = registry_url or os.environ.get(REGISTRY_URL_VAR)
+        if url:
+            raw["registry"]["path"] = url
+        connection = redis or os.environ.get(REDIS_VAR)
+        if connection:
+            raw["online_store"]["connection_string"] = connection
+    return RepoConfig(repo_path=FEATURE_REPO, **raw)
+
+
+# --- the repository's objects ------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RepoObjects:
+    """The feature repository's objects, built for one features dir."""
+
+    entities: dict[str, Any]
+    sources: dict[str, Any]
+    views: dict[str, FeatureView]
+    services: dict[str, FeatureService]
+
+    def all(self) -> list[Any]:
+        """Every object, in the order ``store.apply`` wants them."""
+        return [
+            *self.entities.values(),
+            *self.sources.values(),
+            *self.views.values(),
+            *self.services.values(),
+        ]
+
+
+def repo_module(name: str) -> Any:
+    """Import a feature_repo file as `feast apply` does (by bare name)."""
+    # feature_repo/ files import each other by bare name (`from entities
+    # import ...`), because that is how `feast apply` loads them: with the
+    # repo dir on sys.path, not as a package. Load them the same way.
+    if str(FEATURE_REPO) not in sys.path:
+        sys.path.insert(0, str(FEATURE_REPO))
+    return importlib.import_module(name)
+
+
+def repo_objects(features_dir: Path) -> RepoObjects:
+    """Entities, sources, views and services reading ``features_dir``."""
+    entities = repo_module("entities")
+    sources = repo_module("sources")
+    views = repo_module("views")
+    services = repo_module("services")
+    made_sources = sources.make_sources(features_dir)
+    made_views = views.make_views(made_sources)
+    return RepoObjects(
+        entities=dict(entities.ENTITIES),
+        sources=made_sources,
+        views=made_views,
+        services=services.make_services(made_views),
+    )
+
+
+# --- validation --------------------------------------------------------------
+
+
+class FeatureTableError(ValueError):
+    """A feature table file does not match its feature view's contract."""
+
+
+def _same_type(actual: pa.DataType, expected: pa.DataType) -> bool:
+    # Parquet renames list items ("item" -> "element") and drops nullability;
+    # neither changes what Feast reads, so compare value types only.
+    if pa.types.is_list(expected) or pa.types.is_large_list(expected):
+        return (pa.types.is_list(actual) or pa.types.is_large_list(actual)) and (
+            _same_type(actual.value_type, expected.value_type)
+        )
+    return bool(actual.equals(expected))
+
+
+def table_problems(name: str, schema: pa.Schema) -> list[str]:
+    """What is wrong with ``schema`` as feature table ``name`` (empty: nothing)."""
+    problems = []
+    for field in FEATURE_TABLES[name].schema:
+        if field.name not in schema.names:
+            problems.append(f"column {field.name!r} is missing")
+        elif not _same_type(schema.field(field.name).type, field.type):
+            problems.append(
+                f"column {field.name!r} has type {schema.field(field.name).type}, "
+                f"the contract says {field.type}"
+            )
+    return problems
+
+
+def validate_feature_tables(
+    features_dir: Path, names: Iterable[str] | None = None
+) -> None:
+    """Check each feature table's file against its view before Feast reads it.
+
+    Reads Parquet footers only (cheap). Extra columns are allowed (Feast
+    ignores them).
+
+    Args:
+        features_dir: the feature job's output dir (``feature_tables/`` inside).
+        names: the tables to check (default: all of them).
+
+    Raises:
+        FeatureTableError: naming every failing feature view, its file and
+            each bad column.
+    """
+    errors = []
+    for name in names if names is not None else FEATURE_TABLES:
+        path = features_dir / "feature_tables" / f"{name}.parquet"
+        if not path.is_file():
+            errors.append(f"feature view {name!r}: {path} does not exist")
+            continue
+        for problem in table_problems(name, pq.read_schema(path)):
+            errors.append(f"feature view {name!r} ({path}): {problem}")
+    if errors:
+        raise FeatureTableError("bad feature tables:\n  " + "\n  ".join(errors))
+
+
+def registered_features_dirs(store: FeatureStore) -> dict[str, Path]:
+    """The features dir each registered view reads (from its FileSource path)."""
+    dirs = {}
+    for view in store.list_feature_views():
+        if view.name in FEATURE_TABLES and view.batch_source is not None:
+            path = Path(view.batch_source.path)  # type: ignore[attr-defined]
+            dirs[view.name] = path.parent.parent
+    return dirs
+
+
+# --- apply and materialize ---------------------------------------------------
+
+
+def apply(store: FeatureStore, features_dir: Path) -> RepoObjects:
+    """Validate the tables, then register the repository reading ``features_dir``."""
+    validate_feature_tables(features_dir)
+    objects = repo_objects(features_dir)
+    store.apply(objects.all())
+    return objects
+
+
+Engine = Literal["arrow", "feast"]
+
+
+def materialize(
+    store: FeatureStore,
+    *,
+    end: datetime | None = None,
+    start: datetime | None = None,
+    views: Sequence[str] | None = None,
+    engine: Engine = "arrow",
+    quiet: bool = False,
+) -> None:
+    """Load the offline tables into the online store, checking them first.
+
+    Without ``start``: incremental (from each view's last materialization,
+    or from the beginning: the views never expire). With ``start``: the rows
+    in ``[start, end]`` (both ends included, as Feast's file store does); per
+    entity, the latest. Either way, a value older than the one online for an
+    entity never replaces it (Redis: Feast's own check; SQLite:
+    :class:`GuardedSqliteOnlineStore`).
+
+    Engines: ``feast`` is ``store.materialize[_incremental]``. ``arrow`` (the
+    default) does the same for our Parquet sources without Dask, whose
+    deterministic hashing pickles every list cell (the behaviour sequence)
+    several times per read and took half the time; it reads the window with
+    pyarrow, converts with Feast's converter, writes through the store's
+    ``online_write_batch`` and records the interval in the registry, as
+    Feast's engine does.
+
+    Args:
+        store: a store the repository was applied to.
+        end: end of the window (default: now).
+        start: start of the window (default: incremental).
+        views: view names (default: all).
+        engine: ``arrow`` or ``feast`` (see above).
+        quiet: swallow Feast's progress printing (it prints, not logs).
+    """
+    chosen = [
+        v
+        for v in store.list_feature_views()
+        if v.online and (views is None or v.name in views)
+    ]
+    by_dir: dict[Path, list[str]] = {}
+    for name, directory in registered_features_dirs(store).items():
+        if any(v.name == name for v in chosen):
+            by_dir.setdefault(directory, []).append(name)
+    for directory, names in by_dir.items():
+        validate_feature_tables(directory, names)
+    end = make_tzaware(end) if end is not None else datetime.now(UTC)
+    names = [v.name for v in chosen]
+    if engine == "feast":
+        with (
+            contextlib.redirect_stdout(io.StringIO())
+            if quiet
+            else contextlib.nullcontext()
+        ):
+            if start is None:
+                store.materialize_incremental(end_date=end, feature_views=names)
+            else:
+                store.materialize(
+                    start_date=make_tzaware(start), end_date=end, feature_views=names
+                )
+        return
+    for view in chosen:
+        view_start = start
+        if view_start is None:
+            # Feast's incremental rule: from the last end, else end - ttl.
+            view_start = view.most_recent_end_time or (end - (view.ttl or NO_TTL))
+        _materialize_arrow(store, view, make_tzaware(view_start), end)
+
+
+NO_TTL: Final = timedelta(weeks=52)
+"""What Feast starts an incremental run from for a view without a ttl."""
+
+
+def latest_in_window(
+    path: Path, entity: str, start: datetime, end: datetime
+) -> pa.Table:
+    """Per entity, the latest row of a feature table with ``start <= t <= end``."""
+    table = pq.read_table(path)
+    times = table.column(EVENT_TIMESTAMP)
+    inside = pc.and_(
+        pc.greater_equal(times, pa.scalar(start, times.type)),
+        pc.less_equal(times, pa.scalar(end, times.type)),
+    )
+    if not pc.all(inside).as_py():
+        table = table.filter(inside)
+    keys = table.column(entity).to_numpy()
+    ms = table.column(EVENT_TIMESTAMP).cast(pa.int64()).to_numpy()
+    # The feature job writes rows sorted by (entity, time); sort only if not.
+    ordered = bool(
+        np.all((keys[1:] > keys[:-1]) | ((keys[1:] == keys[:-1]) & (ms[1:] >= ms[:-1])))
+    )
+    if not ordered:
+        order = np.lexsort((ms, keys))
+        table, keys = table.take(pa.array(order)), keys[order]
+    last = np.append(keys[1:] != keys[:-1], True) if keys.size else keys.astype(bool)
+    return table if last.all() else table.filter(pa.array(last))
+
+
+def _materialize_arrow(
+    store: FeatureStore, view: FeatureView, start: datetime, end: datetime
+) -> None:
+    source = view.batch_source
+    path = Path(source.path)  # type: ignore[union-attr]
+    (entity,) = [c.name for c in view.entity_columns]
+    table = latest_in_window(path, entity, start, end)
+    join_keys = {c.name: c.dtype.to_value_type() for c in view.entity_columns}
+    provider = store._get_provider()  # what Feast's own engine writes through
+    for batch in table.combine_chunks().to_batches(max_chunksize=ARROW_BATCH_ROWS):
+        rows = _convert_arrow_to_proto(batch, view, join_keys)
+        provider.online_write_batch(store.config, view, rows, progress=None)
+    store.registry.apply_materialization(view, store.project, start, end)
+
+
+ARROW_BATCH_ROWS: Final = 20_000
+"""Rows converted and written at once (bounds memory for long sequences)."""
+
+
+# --- historical retrieval ----------------------------------------------------
+
+
+def _requested(
+    store: FeatureStore, features: FeatureService | Sequence[str]
+) -> dict[str, list[str]]:
+    """Feature names by view, from a service or ``view:feature`` references."""
+    grouped: dict[str, list[str]] = {}
+    if isinstance(features, FeatureService):
+        for projection in features.feature_view_projections:
+            names = [f.name for f in projection.features]
+            grouped.setdefault(projection.name, []).extend(names)
+        return grouped
+    for ref in features:
+        view, _, name = ref.partition(":")
+        grouped.setdefault(view, []).append(name)
+    return grouped
+
+
+def _utc_ns(column: pd.Series) -> pd.Series:
+    return pd.to_datetime(column, utc=True).astype("datetime64[ns, UTC]")
+
+
+def historical_features(
+    store: FeatureStore,
+    entity_df: pd.DataFrame,
+    features: FeatureService | Sequence[str],
+    *,
+    full_feature_names: bool = False,
+    timestamp_column: str = EVENT_TIMESTAMP,
+) -> pd.DataFrame:
+    """Point-in-time feature values for every row of ``entity_df``, in its order.
+
+    For each view, the latest row with ``event_timestamp <= t`` of the row's
+    entity, or nulls where the entity had none by ``t``. Calls Feast's
+    ``get_historical_features`` once per view, on the distinct
+    ``(join key, t)`` pairs, and joins the answers back, because Feast 0.67's
+    file (Dask) offline store, called on the raw entity frame, loses rows:
+
+    - an entity whose rows are *all* later than ``t`` drops the whole request
+      row (its ttl filter keeps null matches but not "no match yet"), e.g. an
+      impression in a user's first active hour has no ``user_sequence``
+      snapshot yet, and Feast returns no row for it at all;
+    - request rows that share a join key and timestamp are collapsed into one
+      (feast-dev/feast#6787), e.g. two impressions of one user at the same ms.
+
+    Args:
+        store: the applied store.
+        entity_df: join key columns and ``timestamp_column``; other columns
+            are kept.
+        features: a feature service or ``view:feature`` references.
+        full_feature_names: name columns ``view__feature``. Needed when a
+            feature is named like a request column (``ad_profile``'s
+            ``advertiser_id`` beside the advertiser key): plain names raise
+            then, where Feast would silently rename one of them.
+        timestamp_column: the request time column.
+
+    Returns:
+        ``entity_df`` plus one column per feature (nullable where missing).
+    """
+    out = entity_df.reset_index(drop=True).copy()
+    times = _utc_ns(out[timestamp_column])
+    request_ts = "__request_ts"
+    out[request_ts] = times
+    for view_name, names in _requested(store, features).items():
+        view = store.get_feature_view(view_name)
+        keys = [column.name for column in view.entity_columns]
+        columns = [f"{view_name}__{n}" if full_feature_names else n for n in names]
+        clashes = sorted(set(columns) & set(out.columns))
+        if clashes:
+            raise ValueError(
+                f"features {clashes} of view {view_name!r} are named like columns "
+                "already in the result; pass full_feature_names=True"
+            )
+        pairs = out[[*keys, request_ts]].drop_duplicates()
+        pairs = pairs.rename(columns={request_ts: EVENT_TIMESTAMP})
+        got = store.get_historical_features(
+            entity_df=pairs,
+            features=[f"{view_name}:{n}" for n in names],
+            full_feature_names=full_feature_names,
+        ).to_df()
+        got[request_ts] = _utc_ns(got[EVENT_TIMESTAMP])
+        got = got[[*keys, request_ts, *columns]]
+        out = out.merge(got, on=[*keys, request_ts], how="left", validate="m:1")
+    return out.drop(columns=[request_ts])
+
+
+FROM_THE_EVENT: Final = ("advertiser_id", "campaign_id", "ad_format", "ad_objective")
+"""``ad_profile`` features an example takes from its impression event instead."""
+
+CONSISTENCY_VIEWS: Final = (
+    "user_profile",
+    "ad_profile",
+    "user_counters",
+    "ad_counters",
+    "advertiser_counters",
+)
+"""The views whose values a training example holds too (not the sequence)."""
+
+
+def example_columns() -> list[str]:
+    """The example columns :func:`example_mismatches` reads (and ``event_time``)."""
+    names = [n for v in CONSISTENCY_VIEWS for n in FEATURE_TABLES[v].feature_names]
+    return list(dict.fromkeys(["user_id", "ad_id", "advertiser_id", *names]))
+
+
+def example_mismatches(store: FeatureStore, examples: pd.DataFrame) -> dict[str, int]:
+    """Training/serving skew: examples whose feature differs from Feast's answer.
+
+    Retrieves every :data:`CONSISTENCY_VIEWS` feature at each example's
+    impression time and compares it with the example's column. Counters must
+    be equal bit for bit (every counter table has a row at each impression
+    time). Profile ids: Feast's null (no version yet) is the examples' missing
+    id 0; :data:`FROM_THE_EVENT` ids are compared only where the ad has a
+    version by then (before, the example has the event's, Feast nothing).
+
+    Args:
+        store: an applied store reading the same feature job's tables.
+        examples: training examples (``training_example_schema`` columns).
+
+    Returns:
+        ``view.feature`` -> number of differing examples; empty when consistent.
+    """
+    requests = examples[["user_id", "ad_id", "advertiser_id"]].assign(
+        **{EVENT_TIMESTAMP: examples["event_time"]}
+    )
+    refs = [
+        f"{view}:{name}"
+        for view in CONSISTENCY_VIEWS
+        for name in FEATURE_TABLES[view].feature_names
+    ]
+    served = historical_features(store, requests, refs, full_feature_names=True)
+    no_ad_version = served["ad_profile__campaign_id"].isna().to_numpy()
+    mismatches = {}
+    for ref in refs:
+        view, name = ref.split(":")
+        got = served[f"{view}__{name}"]
+        want = examples[name].to_numpy()
+        if view.endswith("_counters"):
+            same = got.to_numpy(dtype="float32", na_value=float("nan")) == want
+        elif name in FROM_THE_EVENT:
+            same = no_ad_version | (got.fillna(-1).to_numpy() == want)
+        else:
+            same = got.fillna(0).to_numpy(dtype="int64") == want
+        if not same.all():
+            mismatches[f"{view}.{name}"] = int((~same).sum())
+    return mismatches
+
+
+# --- the embedded online store, guarded --------------------------------------
+
+Row = tuple[EntityKeyProto, dict[str, ValueProto], datetime, datetime | None]
+
+
+class GuardedSqliteOnlineStoreConfig(SqliteOnlineStoreConfig):
+    """Config of :class:`GuardedSqliteOnlineStore` (same fields as SQLite's)."""
+
+    type: Literal["pipelines.feast_ops.GuardedSqliteOnlineStore"] = (  # type: ignore[assignment]
+        "pipelines.feast_ops.GuardedSqliteOnlineStore"
+    )
+
+
+class GuardedSqliteOnlineStore(SqliteOnlineStore):
+    """Feast's SQLite online store, where an older write never wins.
+
+    Feast's SQLite store writes every row it is given (``INSERT ... ON
+    CONFLICT DO UPDATE``), so materializing an earlier window after a later
+    one, or pushing a late event, replaces newer values with older ones. Its
+    Redis store skips a write whose event time is not newer than the stored
+    one. This store does the same: per entity, only the newest row of a batch,
+    and only if it is newer than what the table holds (equal times are
+    skipped too, as Redis does). It then writes the same rows as Feast's
+    writer, in one ``executemany``.
+    """
+
+    _CHUNK: Final = 500  # host parameters per SELECT, well under SQLite's limit
+
+    def online_write_batch(
+        self,
+        config: RepoConfig,
+        table: FeatureView,
+        data: list[Row],
+        progress: Callable[[int], Any] | None,
+    ) -> None:
+        """Write the rows of ``data`` that are newer than the stored values."""
+        fresh = self._newer_than_stored(config, table, data)
+        if progress and len(fresh) < len(data):
+            progress(len(data) - len(fresh))
+        if not fresh:
+            return
+        online = config.online_store
+        if online.vector_enabled or online.enable_openai_compatible_store:
+            # Extra columns to fill: Feast's own writer knows them.
+            rows = [row for _, row in fresh]
+            super().online_write_batch(config, table, rows, progress)
+            return
+        # Feast's writer runs one INSERT per (entity, feature); one
+        # executemany of the same statement and values is several times faster.
+        name = compute_table_id(
+            config.project, table, config.registry.enable_online_feature_view_versioning
+        )
+        upsert = (
+            f'INSERT INTO "{name}" (entity_key, feature_name, value, value_text, '
+            "event_ts, created_ts) VALUES (?, ?, ?, ?, ?, ?) "
+            "ON CONFLICT(entity_key, feature_name) DO UPDATE SET "
+            "value = excluded.value, value_text = excluded.value_text, "
+            "event_ts = excluded.event_ts, created_ts = excluded.created_ts"
+        )
+        params = (
+            (
+                key,
+                feature,
+                value.SerializeToString(),
+                extract_text_and_num(value, False)[0],
+                ts,
+                created,
+            )
+            for key, ts, created, values in (
+                (key, _naive_utc(row[2]), row[3] and _naive_utc(row[3]), row[1])
+                for key, row in fresh
+            )
+            for feature, value in values.items()
+        )
+        conn = self._get_conn(config)
+        with conn:
+            conn.executemany(upsert, params)
+        if progress:
+            progress(len(fresh))
+
+    def _newer_than_stored(
+        self, config: RepoConfig, table: FeatureView, data: list[Row]
+    ) -> list[tuple[bytes, Row]]:
+        """Per entity the batch's newest row, if newer than the stored one."""
+        version = config.entity_key_serialization_version
+        newest: dict[bytes, tuple[datetime, Row]] = {}
+        for row in data:
+            key = serialize_entity_key(row[0], entity_key_serialization_version=version)
+            ts = _naive_utc(row[2])
+            if key not in newest or ts > newest[key][0]:
+                newest[key] = (ts, row)
+        stored = self._stored_times(config, table, list(newest))
+        return [
+            (key, row)
+            for key, (ts, row) in newest.items()
+            if key not in stored or ts > stored[key]
+        ]
+
+    def _stored_times(
+        self, config: RepoConfig, table: FeatureView, keys: list[bytes]
+    ) -> dict[bytes, datetime]:
+        name = compute_table_id(
+            config.project, table, config.registry.enable_online_feature_view_versioning
+        )
+        conn = self._get_conn(config)
+        stored: dict[bytes, datetime] = {}
+        for i in range(0, len(keys), self._CHUNK):
+            chunk = keys[i : i + self._CHUNK]
+            marks = ",".join("?" * len(chunk))
+            # `AS "... [timestamp]"` makes sqlite3 parse the aggregate back to a
+            # datetime, as it does for the declared column.
+            query = (
+                f'SELECT entity_key, MAX(event_ts) AS "ts [timestamp]" '
+                f'FROM "{name}" WHERE entity_key IN ({marks}) GROUP BY entity_key'
+            )
+            try:
+                stored.update(conn.execute(query, chunk).fetchall())
+            except sqlite3.OperationalError as error:
+                if "no such table" not in str(error):
+                    raise
+                # Table not created yet: nothing stored, Feast's write will
+                # fail with its own message.
+        return stored
+
+
+def _naive_utc(ts: datetime) -> datetime:
+    # What Feast's SQLite writer stores (naive UTC), so comparisons line up.
+    aware = make_tzaware(ts)
+    return aware.astimezone(UTC).replace(tzinfo=None)
+
+
+# --- CLI ---------------------------------------------------------------------
+
+
+def _parse_time(text: str) -> datetime:
+    if text.lower() == "now":
+        return datetime.now(UTC)
+    return make_tzaware(datetime.fromisoformat(text))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """CLI entry point (see the module docstring)."""
+    parser = argparse.ArgumentParser(
+        prog="python -m pipelines.feast_ops", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("--env", choices=sorted(CONFIG_FILES), default=None)
+    parser.add_argument(
+        "--features-dir",
+        type=Path,
+        default=None,
+        help="the feature job's output (default: $GEM_FEATURES_DIR or the demo's)",
+    )
+    parser.add_argument(
+        "--state-dir", type=Path, default=None, help="local registry + SQLite dir"
+    )
+    parser.add_argument("--project", default=None)
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("validate", help="check the feature tables")
+    commands.add_parser("apply", help="validate, then register the repository")
+    mat = commands.add_parser("materialize", help="offline -> online store")
+    mat.add_argument("--start", type=_parse_time, default=None, help="default: incr.")
+    mat.add_argument("--end", type=_parse_time, default=None, help="default: now")
+    mat.add_argument("--views", nargs="*", default=None)
+    mat.add_argument("--engine", choices=["arrow", "feast"], default="arrow")
+    args = parser.parse_args(argv)
+
+    features_dir: Path = args.features_dir or repo_module("sources").features_dir()
+    try:
+        if args.command == "validate":
+            validate_feature_tables(features_dir)
+            print(f"ok: {len(FEATURE_TABLES)} feature tables in {features_dir}")
+            return 0
+        store = FeatureStore(
+            config=repo_config(args.env, state_dir=args.state_dir, project=args.project)
+        )
+        started = time.perf_counter()
+        if args.command == "apply":
+            objects = apply(store, features_dir)
+            print(
+                f"applied {len(objects.views)} views and {len(objects.services)} "
+                f"services reading {features_dir} to project {store.project}"
+            )
+        else:
+            materialize(
+                store,
+                end=args.end,
+                start=args.start,
+                views=args.views,
+                engine=args.engine,
+            )
+        print(f"{args.command} took {time.perf_counter() - started:.1f} s")
+    except FeatureTableError as error:
+        print(error, file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,174 @@
+"""Feast on the production-like configuration: Redis online store, SQL registry
+on PostgreSQL (both run on 127.0.0.1 on the dev and CI machines; ``.ci/run``
+starts them when they are down).
+
+Isolation: each test uses its own Feast project (which prefixes every Redis
+key, and which ``store.teardown()`` deletes) and its own PostgreSQL database,
+created and dropped here. The tests skip, saying which package is missing,
+when the Python clients Feast needs are not installed (``redis`` for the
+Redis store, ``psycopg`` for the ``postgresql+psycopg://`` registry URL).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from feast import FeatureStore, RepoConfig
+
+from features.feature_tables import FEATURE_TABLES
+from pipelines import feast_ops
+from tests.test_feast_store import (
+    FeatureJob,
+    active_user,
+    assert_older_window_keeps_newer_values,
+    assert_push_visible_within_a_second,
+    make_feature_job,
+    plain,
+    table_rows,
+)
+
+pytestmark = pytest.mark.integration
+
+REDIS = os.environ.get(feast_ops.REDIS_VAR, "127.0.0.1:6379")
+PG_SERVER = os.environ.get("GEM_FEAST_PG", "root@127.0.0.1:5432")
+"""user@host:port of the PostgreSQL server that holds the test registries."""
+
+needs_redis = pytest.mark.skipif(
+    importlib.util.find_spec("redis") is None,
+    reason="the `redis` package (redis-py, feast[redis]: redis>=4.2.2,<8) is not "
+    "installed, so Feast's Redis online store cannot load",
+)
+needs_psycopg = pytest.mark.skipif(
+    importlib.util.find_spec("psycopg") is None,
+    reason="the `psycopg` package (psycopg 3, feast[postgres]: psycopg[binary]) is "
+    "not installed, so the postgresql+psycopg:// SQL registry cannot connect",
+)
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory: pytest.TempPathFactory) -> FeatureJob:
+    return make_feature_job(tmp_path_factory.mktemp("features"))
+
+
+@pytest.fixture
+def project() -> str:
+    return f"t_{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def pg_registry_url() -> Iterator[str]:
+    """A SQLAlchemy URL of a fresh PostgreSQL database, dropped afterwards."""
+    import psycopg
+
+    user, _, address = PG_SERVER.partition("@")
+    host, _, port = address.partition(":")
+    database = f"gem_feast_{uuid.uuid4().hex[:12]}"
+    admin = {"host": host, "port": int(port), "user": user, "dbname": "postgres"}
+    with psycopg.connect(**admin, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{database}"')
+    try:
+        yield f"postgresql+psycopg://{user}@{host}:{port}/{database}"
+    finally:
+        with psycopg.connect(**admin, autocommit=True) as conn:
+            # FORCE: the registry's SQLAlchemy pool may still hold connections.
+            conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+
+
+def redis_store(tmp_path: Path, project: str) -> FeatureStore:
+    """Redis online store, file registry: the Redis half of prod on its own."""
+    from feast.infra.online_stores.redis import RedisOnlineStoreConfig
+
+    return FeatureStore(
+        config=RepoConfig(
+            project=project,
+            provider="local",
+            registry=str(tmp_path / "registry.db"),
+            online_store=RedisOnlineStoreConfig(connection_string=REDIS),
+            entity_key_serialization_version=3,
+            repo_path=tmp_path,
+        )
+    )
+
+
+def assert_online_is_latest(store: FeatureStore, job: FeatureJob) -> None:
+    user = active_user(job)
+    got = store.get_online_features(
+        features=store.get_feature_service("user_context_v1"),
+        entity_rows=[{"user_id": user}],
+    ).to_dict()
+    for view in ("user_profile", "user_counters", "user_sequence"):
+        latest = max(table_rows(job.directory, view)[user], key=lambda r: r["ts"])
+        for name in FEATURE_TABLES[view].feature_names:
+            assert plain(got[name][0]) == plain(latest[name]), (view, name)
+
+
+@needs_redis
+def test_redis_keeps_newer_values_and_serves_pushes_within_a_second(
+    tmp_path: Path, job: FeatureJob, project: str
+) -> None:
+    store = redis_store(tmp_path, project)
+    try:
+        feast_ops.apply(store, job.directory)
+        values = assert_older_window_keeps_newer_values(store, job)
+        assert values["got"] == values["latest"]
+        assert_online_is_latest(store, job)
+        assert_push_visible_within_a_second(store, job, active_user(job))
+    finally:
+        store.teardown()
+
+
+@needs_psycopg
+def test_sql_registry_on_postgres(
+    tmp_path: Path, job: FeatureJob, project: str, pg_registry_url: str
+) -> None:
+    config = RepoConfig(
+        project=project,
+        provider="local",
+        registry={
+            "registry_type": "sql",
+            "path": pg_registry_url,
+            "cache_ttl_seconds": 60,
+        },
+        online_store=feast_ops.GuardedSqliteOnlineStoreConfig(
+            path=str(tmp_path / "online.db")
+        ),
+        entity_key_serialization_version=3,
+        repo_path=tmp_path,
+    )
+    store = FeatureStore(config=config)
+    feast_ops.apply(store, job.directory)
+    feast_ops.materialize(store)
+    # Another process sees the registry (and the materialized intervals).
+    other = FeatureStore(config=config)
+    assert {v.name for v in other.list_feature_views()} == set(FEATURE_TABLES)
+    assert all(v.most_recent_end_time for v in other.list_feature_views())
+    assert_online_is_latest(other, job)
+
+
+@needs_redis
+@needs_psycopg
+def test_prod_configuration_end_to_end(
+    monkeypatch: pytest.MonkeyPatch,
+    job: FeatureJob,
+    project: str,
+    pg_registry_url: str,
+) -> None:
+    """GEM_FEAST_ENV=prod: the yaml's Redis + PostgreSQL, through our CLI."""
+    monkeypatch.setenv(feast_ops.ENV_VAR, "prod")
+    monkeypatch.setenv(feast_ops.REGISTRY_URL_VAR, pg_registry_url)
+    monkeypatch.setenv(feast_ops.REDIS_VAR, REDIS)
+    base = ["--features-dir", str(job.directory), "--project", project]
+    store = FeatureStore(config=feast_ops.repo_config(project=project))
+    try:
+        assert feast_ops.main([*base, "apply"]) == 0
+        assert feast_ops.main([*base, "materialize"]) == 0
+        assert store.config.online_store.type == "redis"
+        assert store.config.registry.registry_type == "sql"
+        assert_online_is_latest(store, job)
+    finally:
+        store.teardown()
