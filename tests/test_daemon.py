@@ -1,0 +1,245 @@
+"""The Kafka trainer daemon: checkpoints, progressive metrics, poison, resume.
+
+Fault tests (SIGKILL, SIGTERM, broker pause, two ranks) are in
+``test_daemon_faults.py``; both use the helpers here.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import torch
+
+from features.example_messages import encode_example_message, message_headers
+from features.kafka import KafkaSettings
+from features.metrics import binary_metrics
+from features.windows import timeline_segments
+from pipelines.reference import ReferenceOutput, build_reference
+from pipelines.synthetic import GeneratorConfig, generate, validation_now_ms
+from pipelines.synthetic.world import ads_table, contents_table, users_table
+from trainer.checkpoint import list_checkpoints, load_latest, save_checkpoint
+from trainer.daemon import DaemonConfig, run, run_daemon_until_drained
+from trainer.progressive import ProgressiveMetrics
+from trainer.train_step import EvalOutput
+
+PER_MESSAGE = 16
+MAX_LEN = 4096  # the tiny preset's
+
+
+@functools.cache
+def tiny_reference() -> ReferenceOutput:
+    """A tiny generated set (a few hundred examples), built once per session."""
+    config = GeneratorConfig(users=120, ads=30, days=2, seed=11)
+    g = generate(config)
+    return build_reference(
+        g.events,
+        users_table(g.world.users),
+        ads_table(g.world.ads),
+        contents_table(g.world.contents),
+        now_ms=validation_now_ms(config),
+    )
+
+
+@pytest.fixture
+def reference() -> ReferenceOutput:
+    """The tiny set (never mutated)."""
+    return tiny_reference()
+
+
+def messages(reference: ReferenceOutput, count: int) -> list[bytes]:
+    """``count`` example messages of PER_MESSAGE examples each."""
+    examples = reference.examples
+    out = []
+    for i in range(count):
+        start = (i * PER_MESSAGE) % (examples.num_rows - PER_MESSAGE)
+        chunk = examples.slice(start, PER_MESSAGE)
+        segments = timeline_segments(chunk, reference.timelines, MAX_LEN)
+        out.append(encode_example_message(chunk, segments))
+    return out
+
+
+def out_of_range_message(reference: ReferenceOutput) -> bytes:
+    """Decodes fine, but ``user_gender`` ids are outside their table."""
+    chunk = reference.examples.slice(0, 4)
+    index = chunk.schema.get_field_index("user_gender")
+    chunk = chunk.set_column(
+        index, chunk.schema.field(index), pa.array([10**6] * 4, pa.int64())
+    )
+    return encode_example_message(
+        chunk, timeline_segments(chunk, reference.timelines, MAX_LEN)
+    )
+
+
+def publish(
+    settings: KafkaSettings, topic: str, values: list[bytes], partitions: int
+) -> list[tuple[int, int]]:
+    """Send ``values`` round-robin over partitions; returns (partition, offset)."""
+    from kafka import KafkaProducer
+
+    producer = KafkaProducer(
+        **settings.client_config(), acks="all", max_request_size=16 * 1024 * 1024
+    )
+    futures = [
+        producer.send(
+            topic, value=v, partition=i % partitions, headers=message_headers()
+        )
+        for i, v in enumerate(values)
+    ]
+    producer.flush()
+    sent = [(f.get(10).partition, f.get(10).offset) for f in futures]
+    producer.close()
+    return sent
+
+
+def applied_chain(log_path: Path, checkpoint_dir: Path) -> list[tuple[int, int]]:
+    """Records in the final checkpoint's state, from its lineage chain."""
+    entries = {}
+    for line in log_path.read_text().splitlines():
+        entry = json.loads(line)
+        entries[entry["id"]] = entry
+    loaded = load_latest(checkpoint_dir)
+    assert loaded is not None
+    node: str | None = loaded[0]["lineage"]
+    records: list[tuple[int, int]] = []
+    while node:
+        records += [tuple(r) for r in entries[node]["records"]]
+        node = entries[node]["parent"]
+    return records
+
+
+def test_checkpoint_keep_and_corrupt_fallback(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    for step in (1, 2, 3, 4):
+        state = {"model": {"w": torch.full((3,), float(step))}, "optimizer": {}}
+        save_checkpoint(
+            tmp_path, {**state, "step": step, "offsets": {"0": step}}, keep=3
+        )
+    assert [p.name for p in list_checkpoints(tmp_path)] == [
+        "ckpt-0000000002.pt",
+        "ckpt-0000000003.pt",
+        "ckpt-0000000004.pt",
+    ]
+    newest = list_checkpoints(tmp_path)[-1]
+    newest.write_bytes(newest.read_bytes()[:100])  # a torn write
+    with caplog.at_level(logging.WARNING):
+        loaded = load_latest(tmp_path)
+    assert loaded is not None
+    assert loaded[0]["step"] == 3
+    assert "unreadable" in caplog.text
+    assert newest.name in caplog.text
+
+
+def test_progressive_histogram_auc_matches_exact() -> None:
+    rng = np.random.default_rng(0)
+    n = 4000
+    p = rng.uniform(0.001, 0.4, (n, 2))
+    y = (rng.uniform(size=(n, 2)) < p).astype(np.float64)
+    d = rng.integers(0, 3, n)
+    metrics = ProgressiveMetrics(window_examples=500)
+    for i in range(0, n, 400):
+        rows = slice(i, i + 400)
+        metrics.update(
+            EvalOutput(
+                torch.tensor(p[rows]), torch.tensor(y[rows]), torch.tensor(d[rows])
+            )
+        )
+    exact = binary_metrics(y[d == 1, 0], p[d == 1, 0])
+    got = metrics.table()["instagram/click"]
+    assert got["count"] == exact.count
+    assert got["ne"] == pytest.approx(exact.ne, rel=1e-9)
+    assert got["calibration"] == pytest.approx(exact.calibration, rel=1e-9)
+    assert got["auc"] == pytest.approx(exact.auc, abs=2e-3)
+    assert metrics.table("last_window")["instagram/click"]["count"] >= 500
+    restored = ProgressiveMetrics()
+    restored.load_state_dict(metrics.state_dict())
+    assert restored.table() == metrics.table()
+
+
+def test_poison_set_aside_and_drained_run(
+    kafka_settings: KafkaSettings,
+    kafka_topic: Callable[[int], str],
+    reference: ReferenceOutput,
+    tmp_path: Path,
+) -> None:
+    topic = kafka_topic(1)
+    good = messages(reference, 8)
+    values = [*good[:3], b"garbage", out_of_range_message(reference), *good[3:]]
+    publish(kafka_settings, topic, values, 1)
+    result = run_daemon_until_drained(
+        kafka_settings,
+        topic,
+        "g-poison",
+        tmp_path / "ckpt",
+        idle_seconds=2.0,
+        metrics_jsonl=tmp_path / "m.jsonl",
+        log_every=2,
+    )
+    assert result["step"] == 8
+    assert result["dead_letters"] == 2
+    assert result["offsets"] == {0: 10}
+    assert set(result["metrics"])
+    assert Path(result["png"]).stat().st_size > 0
+    assert all(0 < v["count"] for v in result["metrics"].values())
+    assert len((tmp_path / "m.jsonl").read_text().splitlines()) >= 4
+
+    from kafka import KafkaConsumer
+
+    consumer = KafkaConsumer(
+        f"{topic}.dead-letter",
+        **kafka_settings.client_config(),
+        auto_offset_reset="earliest",
+        consumer_timeout_ms=3000,
+    )
+    letters = list(consumer)
+    consumer.close()
+    reasons = {dict(m.headers)["dead-letter-offset"]: dict(m.headers) for m in letters}
+    assert set(reasons) == {b"3", b"4"}
+    assert (
+        b"magic" in reasons[b"3"]["dead-letter-reason"]
+        or b"short" in reasons[b"3"]["dead-letter-reason"]
+    )
+    assert b"user_gender" in reasons[b"4"]["dead-letter-reason"]
+
+
+def test_resume_equals_uninterrupted(
+    kafka_settings: KafkaSettings,
+    kafka_topic: Callable[[int], str],
+    reference: ReferenceOutput,
+    tmp_path: Path,
+) -> None:
+    topic = kafka_topic(1)
+    publish(kafka_settings, topic, messages(reference, 12), 1)
+
+    def config(name: str, **kw: object) -> DaemonConfig:
+        return DaemonConfig(
+            topic=topic,
+            group=f"g-{name}",
+            checkpoint_dir=tmp_path / name,
+            idle_seconds=2.0,
+            checkpoint_every=100,
+            **kw,  # type: ignore[arg-type]
+        )
+
+    whole = run(config("whole"), kafka_settings)
+    first = run(config("split", max_steps=5), kafka_settings)
+    rest = run(config("split"), kafka_settings)
+    assert (whole["step"], first["step"], rest["step"]) == (12, 5, 12)
+    a = load_latest(tmp_path / "whole")
+    b = load_latest(tmp_path / "split")
+    assert a is not None
+    assert b is not None
+    for name, tensor in a[0]["model"].items():
+        torch.testing.assert_close(b[0]["model"][name], tensor, rtol=1e-6, atol=1e-7)
+    assert rest["metrics"].keys() == whole["metrics"].keys()
+    for key, values in whole["metrics"].items():
+        assert rest["metrics"][key]["ne"] == pytest.approx(
+            values["ne"], rel=1e-5, nan_ok=True
+        )

@@ -1,0 +1,202 @@
+"""The daemon under faults, as a real process: SIGKILL/SIGTERM and restart,
+a paused broker, and two data-parallel ranks (torchrun, gloo) in one group.
+
+Exactly-once is proven from the checkpoints: with ``GEM_DAEMON_APPLIED_LOG``
+each checkpoint appends the records applied since its parent; following the
+final checkpoint's lineage back must give every record of the topic once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from features.kafka import EmbeddedKafka, KafkaSettings, ensure_topics
+from pipelines.reference import ReferenceOutput
+from tests.test_daemon import applied_chain, messages, publish, tiny_reference
+from trainer.checkpoint import list_checkpoints, load_latest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def reference() -> ReferenceOutput:
+    """The tiny generated set of ``test_daemon``."""
+    return tiny_reference()
+
+
+def daemon_command(
+    settings: KafkaSettings, topic: str, group: str, directory: Path, *extra: str
+) -> list[str]:
+    """The CLI, with the test broker's short group timings."""
+    return [
+        "--topic", topic, "--group", group, "--checkpoint-dir", str(directory / "ckpt"),
+        "--kafka-bootstrap", str(settings.bootstrap),
+        "--kafka-option", f"session_timeout_ms={settings.session_timeout_ms}",
+        "--kafka-option", f"heartbeat_interval_ms={settings.heartbeat_interval_ms}",
+        *extra,
+    ]  # fmt: skip
+
+
+def start(args: list[str], directory: Path, **env: str) -> subprocess.Popen[bytes]:
+    """``python -m trainer.daemon`` with the applied-offsets log on."""
+    environment = {
+        **os.environ,
+        "GEM_DAEMON_APPLIED_LOG": str(directory / "applied.jsonl"),
+        **env,
+    }
+    log = open(directory / "daemon.log", "ab")
+    return subprocess.Popen(
+        [sys.executable, "-m", "trainer.daemon", *args],
+        cwd=REPO, env=environment, stdout=log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+
+
+def wait_for(
+    condition: Callable[[], bool], process: subprocess.Popen[bytes], timeout: float
+) -> bool:
+    """Poll ``condition`` until true (True) or the process exits (False)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        if process.poll() is not None:
+            return False
+        time.sleep(0.02)
+    raise TimeoutError("daemon made no progress")
+
+
+def log_lines(directory: Path) -> int:
+    path = directory / "applied.jsonl"
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def test_sigkill_sigterm_restart_exactly_once(
+    kafka_settings: KafkaSettings,
+    kafka_topic: Callable[[int], str],
+    reference: ReferenceOutput,
+    tmp_path: Path,
+) -> None:
+    topic = kafka_topic(2)
+    sent = publish(kafka_settings, topic, messages(reference, 30), 2)
+    args = daemon_command(
+        kafka_settings, topic, "g-crash", tmp_path,
+        "--checkpoint-every", "2", "--idle-seconds", "2.5",
+    )  # fmt: skip
+    rng = random.Random(7)
+    # 0-1, 3-4: SIGKILL at a random moment after a new checkpoint; 2: SIGKILL
+    # inside the checkpoint write; 5: SIGTERM (must exit 0); then run to drain.
+    for round_ in range(6):
+        pause = {"GEM_CHECKPOINT_PAUSE_S": "2"} if round_ == 2 else {}
+        process = start(args, tmp_path, **pause)
+        before = log_lines(tmp_path)
+        if round_ == 2:
+            wait_for(lambda: any((tmp_path / "ckpt").glob(".ckpt-*.tmp")), process, 60)
+            time.sleep(0.1)
+        else:
+            assert wait_for(lambda b=before: log_lines(tmp_path) > b, process, 60)
+            time.sleep(rng.uniform(0.0, 0.6))
+        if round_ == 5:
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(30) == 0
+        else:
+            process.kill()
+            process.wait(10)
+    process = start(args, tmp_path)
+    assert process.wait(120) == 0
+    records = applied_chain(tmp_path / "applied.jsonl", tmp_path / "ckpt")
+    assert sorted(records) == sorted(sent)  # every record, exactly once
+    state = load_latest(tmp_path / "ckpt")
+    assert state is not None
+    assert state[0]["step"] == len(sent)
+    assert not list((tmp_path / "ckpt").glob(".*.tmp"))
+    text = (tmp_path / "daemon.log").read_text()
+    assert "finishing the step" in text
+    assert text.count("resumed from") >= 5
+
+
+@pytest.fixture(scope="module")
+def own_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedKafka]:
+    """A broker of our own, to SIGSTOP without stalling other tests."""
+    if os.environ.get("GEM_KAFKA_BOOTSTRAP"):
+        pytest.skip("needs the embedded broker's pid")
+    log_path = tmp_path_factory.mktemp("paused") / "tansu.log"
+    with EmbeddedKafka(log_path=log_path) as broker:
+        yield broker
+
+
+def test_broker_pause_is_survived(
+    own_broker: EmbeddedKafka, reference: ReferenceOutput, tmp_path: Path
+) -> None:
+    settings = dataclasses.replace(
+        own_broker.settings, session_timeout_ms=2000, heartbeat_interval_ms=500
+    )
+    topic = "paused"
+    ensure_topics(settings, {topic: 2})
+    sent = publish(settings, topic, messages(reference, 30), 2)
+    args = daemon_command(
+        settings, topic, "g-pause", tmp_path, "--checkpoint-every", "2",
+        "--idle-seconds", "2",
+    )  # fmt: skip
+    process = start(args, tmp_path)
+    assert wait_for(lambda: log_lines(tmp_path) > 0, process, 60)
+    os.kill(own_broker.pid, signal.SIGSTOP)
+    try:
+        time.sleep(5)  # longer than --idle-seconds: must not count as drained
+        assert process.poll() is None
+    finally:
+        os.kill(own_broker.pid, signal.SIGCONT)
+    assert process.wait(120) == 0
+    assert sorted(
+        applied_chain(tmp_path / "applied.jsonl", tmp_path / "ckpt")
+    ) == sorted(sent)
+    text = (tmp_path / "daemon.log").read_text()
+    assert "unreachable" in text
+    assert "reachable again" in text
+
+
+def test_two_ranks_share_partitions(
+    kafka_settings: KafkaSettings,
+    kafka_topic: Callable[[int], str],
+    reference: ReferenceOutput,
+    tmp_path: Path,
+) -> None:
+    topic = kafka_topic(3)  # uneven: one rank runs dry first (zero-weight steps)
+    sent = publish(kafka_settings, topic, messages(reference, 24), 3)
+    torchrun = Path(sys.executable).with_name("torchrun")
+    command = [
+        str(torchrun), "--standalone", "--nproc-per-node", "2", "-m", "trainer.daemon",
+        *daemon_command(kafka_settings, topic, "g-dp", tmp_path,
+                        "--checkpoint-every", "4", "--idle-seconds", "3"),
+    ]  # fmt: skip
+    environment = {
+        **os.environ,
+        "GEM_DAEMON_APPLIED_LOG": str(tmp_path / "applied.jsonl"),
+    }
+    result = subprocess.run(
+        command, cwd=REPO, env=environment, capture_output=True, timeout=150
+    )
+    assert result.returncode == 0, result.stderr.decode()[-3000:]
+    assert sorted(
+        applied_chain(tmp_path / "applied.jsonl", tmp_path / "ckpt")
+    ) == sorted(sent)
+    for path in list_checkpoints(tmp_path / "ckpt"):
+        state = load_latest(path.parent)
+        assert state is not None
+    final = load_latest(tmp_path / "ckpt")
+    assert final is not None
+    checksums = final[0]["param_checksums"]
+    assert len(checksums) == 2
+    assert checksums[0] == checksums[1]
+    assert len(final[0]["metrics"]) == 2
+    assert final[0]["world_size"] == 2
+    assert len(sent) / 2 <= final[0]["step"] <= len(sent)

@@ -1,0 +1,400 @@
+"""``python -m trainer.daemon``: train GEM continuously from a Kafka topic.
+
+    python -m trainer.daemon --topic examples --group gem-trainer \\
+        --checkpoint-dir ckpt/ [--model gem --preset tiny] [--idle-seconds 10] \\
+        [--metrics-jsonl m.jsonl --prometheus-port 9108 --tensorboard tb/] \\
+        [--kafka-bootstrap HOST:PORT ...]
+    torchrun --nproc-per-node 2 -m trainer.daemon ...   # data parallel, gloo
+
+Loop, per iteration: take one decoded message (a batch) from this rank's
+partitions → all-gather who has what → score before training (progressive
+validation) → one step → mark offsets → checkpoint every N steps. Exactly
+once: model, optimizer, RNG, metrics and next offsets are one atomic
+checkpoint; a restart seeks to those offsets (:mod:`trainer.kafka_source`).
+SIGTERM/SIGINT: finish the step, checkpoint, exit 0. ``--idle-seconds``
+makes the run bounded: it ends once every rank saw nothing for that long.
+
+Data parallel (gloo on CPU): every rank is a member of the same group and
+owns some partitions. Ranks step in lockstep: each iteration all-gathers a
+6-int record per rank; if any rank has a batch, all step; a rank without one
+contributes zero gradient and zero weight to an example-weighted gradient
+all-reduce (DDP would need a forward on every rank, which an empty rank
+cannot do). Same init, same averaged gradients → equal parameters. TorchRec
+model-parallel sharding of the tables is not used here (CPU, tiny tables).
+
+Test-only: ``GEM_DAEMON_APPLIED_LOG`` appends, at every checkpoint, the
+records applied since its parent checkpoint (lineage id → parent id), so a
+test can prove exactly-once from the checkpoint chain.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from features.kafka import KafkaSettings, add_kafka_arguments, kafka_cluster
+from trainer.checkpoint import load_latest, save_checkpoint
+from trainer.config import preset as preset_config
+from trainer.kafka_source import Item, KafkaSource
+from trainer.models.registry import build_model, model_config
+from trainer.models.train import GEMTrain
+from trainer.progressive import ProgressiveMetrics
+from trainer.reporting import Reporter
+from trainer.train_step import eval_step, train_step
+
+log = logging.getLogger("trainer.daemon")
+APPLIED_LOG_ENV = "GEM_DAEMON_APPLIED_LOG"
+# Per-rank record exchanged every iteration (see the module docstring).
+HAS_BATCH, EXAMPLES, PARTITION, OFFSET, STOP, DRAINED = range(6)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DaemonConfig:
+    """One daemon run (the CLI's flags)."""
+
+    topic: str
+    group: str
+    checkpoint_dir: Path
+    model: str = "gem"
+    preset: str = "tiny"
+    lr: float = 1e-3
+    seed: int = 0
+    checkpoint_every: int = 50
+    keep: int = 3
+    idle_seconds: float | None = None
+    max_steps: int | None = None
+    queue_size: int = 8
+    dead_letter: str | None = None
+    log_every: int = 10
+    window_examples: int = 2000
+    metrics_jsonl: Path | None = None
+    prometheus_port: int = 0
+    tensorboard_dir: Path | None = None
+    plot: Path | None = None
+
+
+class _Stop:
+    """SIGTERM/SIGINT → a flag the loop checks between steps."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum: int, _frame: object) -> None:
+        log.info("signal %d: finishing the step, then checkpointing", signum)
+        self.requested = True
+
+
+def _dp_step(
+    model: GEMTrain,
+    item: Item | None,
+    optimizer: torch.optim.Optimizer,
+    total_examples: int,
+) -> torch.Tensor:
+    """One data-parallel step; a rank without a batch contributes zeros."""
+    optimizer.zero_grad(set_to_none=False)
+    loss = torch.zeros(())
+    if item is not None and item.batch is not None:
+        model.train()
+        loss, _ = model(item.batch)
+        (loss * item.examples).backward()  # example-weighted: Σ_r n_r g_r / N
+    params = [p for p in model.parameters() if p.requires_grad]
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    flat = torch.cat([p.grad.reshape(-1) for p in params])
+    dist.all_reduce(flat)  # sync point: every rank reaches it once per step
+    flat /= total_examples
+    torch.nn.utils.vector_to_parameters(flat, [p.grad for p in params])
+    optimizer.step()
+    return loss.detach()
+
+
+def run(config: DaemonConfig, settings: KafkaSettings) -> dict[str, Any]:
+    """Run the daemon until stopped or drained; returns the final metrics."""
+    distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    if distributed and not dist.is_initialized():
+        dist.init_process_group("gloo")
+    rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
+    stop = _Stop()
+    torch.manual_seed(config.seed)
+    model = GEMTrain(build_model(config.model, config.preset))
+    optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
+    metrics = ProgressiveMetrics(config.window_examples)
+    step, examples, offsets, lineage = 0, 0, {}, None
+    loaded = load_latest(config.checkpoint_dir)
+    if loaded is not None:
+        state, path = loaded
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        torch.set_rng_state(state["rng"])
+        step, examples = int(state["step"]), int(state["examples"])
+        offsets = {int(p): int(o) for p, o in state["offsets"].items()}
+        lineage = state["lineage"]
+        ranks = state["metrics"]
+        metrics.load_state_dict(ranks[rank] if len(ranks) == world else ranks[0])
+        log.info(
+            "rank %d resumed from %s: step %d, offsets %s", rank, path, step, offsets
+        )
+    if distributed:  # belt and braces: identical start on every rank
+        for tensor in model.state_dict().values():
+            dist.broadcast(tensor, 0)
+    max_seq_len = model_config(
+        config.model, preset_config(config.preset)
+    ).embedding.max_seq_len
+    source = KafkaSource(
+        settings,
+        config.topic,
+        config.group,
+        max_seq_len=max_seq_len,
+        offsets=offsets,
+        queue_size=config.queue_size,
+        dead_letter=config.dead_letter,
+    ).start()
+    reporter = Reporter(
+        jsonl=config.metrics_jsonl,
+        prometheus_port=config.prometheus_port,
+        tensorboard_dir=config.tensorboard_dir,
+        enabled=rank == 0,
+    )
+    applied: list[
+        list[int]
+    ] = []  # (partition, offset) since the last checkpoint, all ranks
+    loss = torch.zeros(())
+
+    def checkpoint() -> None:
+        nonlocal lineage, applied
+        states = [metrics.state_dict()]
+        if distributed:  # every rank's metrics; the offsets are already global
+            states = [None] * world
+            dist.all_gather_object(states, metrics.state_dict())
+        # Ranks must hold equal parameters; a cheap checksum proves it.
+        flat = torch.nn.utils.parameters_to_vector(model.parameters()).double()
+        mine = torch.stack([flat.sum(), (flat * torch.arange(flat.numel())).sum()])
+        sums = [mine]
+        if distributed:
+            sums = [torch.empty_like(mine) for _ in range(world)]
+            dist.all_gather(sums, mine)
+        new_id = uuid.uuid4().hex
+        if rank == 0:
+            applied_log = os.environ.get(APPLIED_LOG_ENV)
+            if applied_log:  # before the rename: an orphan entry is harmless
+                entry = {
+                    "id": new_id,
+                    "parent": lineage,
+                    "step": step,
+                    "records": applied,
+                }
+                with open(applied_log, "a") as file:
+                    file.write(json.dumps(entry) + "\n")
+                    file.flush()
+                    os.fsync(file.fileno())
+            save_checkpoint(
+                config.checkpoint_dir,
+                {
+                    "model": model.state_dict(),
+                    "optimizer": optimizer.state_dict(),
+                    "rng": torch.get_rng_state(),
+                    "step": step,
+                    "examples": examples,
+                    "offsets": {str(p): o for p, o in source.offsets().items()},
+                    "metrics": states,
+                    "lineage": new_id,
+                    "parent": lineage or "",
+                    "topic": config.topic,
+                    "world_size": world,
+                    "param_checksums": [t.tolist() for t in sums],
+                },
+                keep=config.keep,
+            )
+        if distributed:
+            dist.barrier()  # sync point: the checkpoint is durable before commits
+        lineage, applied = new_id, []
+        source.request_commit()
+
+    try:
+        while True:
+            item = source.next(timeout=0.05 if distributed else 0.2)
+            mine = torch.tensor(
+                [
+                    int(item is not None and item.batch is not None),
+                    item.examples if item else 0,
+                    item.partition if item else -1,
+                    item.offset if item else -1,
+                    int(stop.requested),
+                    int(
+                        config.idle_seconds is not None
+                        and source.drained(config.idle_seconds)
+                    ),
+                ],
+                dtype=torch.int64,
+            )
+            if distributed:
+                everyone = [torch.empty_like(mine) for _ in range(world)]
+                dist.all_gather(
+                    everyone, mine
+                )  # sync point: lockstep, once per iteration
+            else:
+                everyone = [mine]
+            total = sum(int(r[EXAMPLES]) for r in everyone)
+            if any(int(r[HAS_BATCH]) for r in everyone):
+                if item is not None and item.batch is not None:
+                    metrics.update(
+                        eval_step(model, item.batch)
+                    )  # score before training
+                if distributed:
+                    loss = _dp_step(model, item, optimizer, total)
+                else:
+                    loss = train_step(model, item.batch, optimizer).loss
+                step += 1
+                examples += total
+            for r in everyone:
+                if int(r[PARTITION]) >= 0:
+                    source.mark(int(r[PARTITION]), int(r[OFFSET]) + 1)
+                    if int(r[HAS_BATCH]):
+                        applied.append([int(r[PARTITION]), int(r[OFFSET])])
+            source.iteration_done()
+            stepped = int(any(int(r[HAS_BATCH]) for r in everyone))
+            if stepped and step % config.log_every == 0:
+                # .item() is a host sync point: only at the log cadence.
+                reporter.log(
+                    step=step,
+                    examples=examples,
+                    loss=float(loss.item()),
+                    dead_letters=source.dead_letters,
+                    metrics=metrics,
+                )
+            done = (
+                any(int(r[STOP]) for r in everyone)
+                or all(int(r[DRAINED]) for r in everyone)
+                or (config.max_steps is not None and step >= config.max_steps)
+            )
+            if done:
+                break
+            if stepped and step % config.checkpoint_every == 0:
+                checkpoint()
+        checkpoint()
+        reporter.log(
+            step=step,
+            examples=examples,
+            loss=float(loss.item()),
+            dead_letters=source.dead_letters,
+            metrics=metrics,
+        )
+    finally:
+        source.close()
+    final = metrics
+    if distributed:
+        states: list[Any] = [None] * world
+        dist.all_gather_object(states, metrics.state_dict())
+        final = ProgressiveMetrics.merged(states)
+    png = reporter.plot(config.plot) if config.plot else None
+    reporter.close()
+    log.info("rank %d stopped at step %d (%d examples)", rank, step, examples)
+    return {
+        "step": step,
+        "examples": examples,
+        "dead_letters": source.dead_letters,
+        "metrics": final.table("lifetime"),
+        "window": final.table("last_window"),
+        "png": str(png) if png else None,
+        "offsets": source.offsets(),
+    }
+
+
+def run_daemon_until_drained(
+    settings: KafkaSettings,
+    topic: str,
+    group: str,
+    checkpoint_dir: Path | str,
+    *,
+    model: str = "gem",
+    preset: str = "tiny",
+    idle_seconds: float = 5.0,
+    **options: Any,
+) -> dict[str, Any]:
+    """Train on ``topic`` until it has been idle ``idle_seconds``, in this process.
+
+    For the demo: returns ``{"metrics": {"domain/objective": {ne, auc,
+    calibration, count, positives}}, "png": path, "step", "examples", ...}``.
+    The PNG lands in ``checkpoint_dir/progressive_ne.png`` unless ``plot=``.
+    """
+    directory = Path(checkpoint_dir)
+    config = DaemonConfig(
+        topic=topic,
+        group=group,
+        checkpoint_dir=directory,
+        model=model,
+        preset=preset,
+        idle_seconds=idle_seconds,
+        plot=options.pop("plot", directory / "progressive_ne.png"),
+        **options,
+    )
+    return run(config, settings)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI entry point (see the module docstring)."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--topic", required=True)
+    parser.add_argument("--group", default="gem-trainer")
+    parser.add_argument("--checkpoint-dir", type=Path, required=True)
+    parser.add_argument("--model", default="gem")
+    parser.add_argument("--preset", default="tiny")
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--checkpoint-every", type=int, default=50, metavar="STEPS")
+    parser.add_argument("--keep", type=int, default=3)
+    parser.add_argument(
+        "--idle-seconds", type=float, help="bounded run: stop when idle"
+    )
+    parser.add_argument("--max-steps", type=int)
+    parser.add_argument("--dead-letter", help="topic, or a .jsonl file")
+    parser.add_argument("--log-every", type=int, default=10)
+    parser.add_argument("--window-examples", type=int, default=2000)
+    parser.add_argument("--metrics-jsonl", type=Path)
+    parser.add_argument("--prometheus-port", type=int, default=0)
+    parser.add_argument("--tensorboard", type=Path, dest="tensorboard_dir")
+    parser.add_argument("--plot", type=Path, help="PNG of the curves at the end")
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    add_kafka_arguments(parser)
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+        force=True,  # imports (fbgemm) configure the root logger first
+    )
+    torch.set_num_threads(args.threads)
+    fields = {
+        k: v for k, v in vars(args).items() if k in DaemonConfig.__dataclass_fields__
+    }
+    settings = KafkaSettings.from_args(args)
+    if settings.embedded:
+        parser.error("--kafka-bootstrap is required (the daemon trains from a cluster)")
+    with kafka_cluster(settings) as cluster:
+        result = run(DaemonConfig(**fields), cluster)
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(
+            json.dumps(
+                {k: result[k] for k in ("step", "examples", "dead_letters", "png")}
+            )
+        )
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

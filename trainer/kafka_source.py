@@ -1,0 +1,364 @@
+"""Training batches from a Kafka topic of example messages, for the daemon.
+
+One background thread owns the kafka-python consumer (it is not thread-safe):
+it polls, decodes (:mod:`features.example_messages`) and builds the
+:class:`~trainer.batch.Batch` (:func:`trainer.inputs.make_batch`), and puts
+ready :class:`Item` s on a bounded queue, so decoding runs ahead of the step
+but never more than ``queue_size`` messages.
+
+Offsets: the *trainer* decides where reading starts, not the group. The main
+loop reports every record it has applied (:meth:`KafkaSource.mark`); when the
+group assigns partitions, the rebalance listener seeks each one to that
+next-offset map (initialised from the checkpoint). Kafka commits happen only
+after a checkpoint is durable and are advisory (lag dashboards): the
+checkpoint is the source of truth. A partition unknown to the map starts at
+the group's committed offset, else the earliest.
+
+Poison: a message that does not decode, or whose ids are out of range
+(``make_batch`` raises ValueError), becomes a dead letter (topic
+``<topic>.dead-letter`` or a JSONL file) with partition, offset and reason,
+and an :class:`Item` with ``batch=None`` so the loop still advances past it.
+Dead letters are at-least-once: a crash before the next checkpoint re-sends.
+
+Outages: a failing poll, or a failing liveness probe while no records come,
+is retried with exponential backoff and logged; the idle clock (used to
+decide "drained") restarts when the broker is back, so an outage longer
+than ``idle_seconds`` does not end a bounded run early.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+from features.deadletter import DeadLetter
+from features.example_messages import decode_example_message
+from features.kafka.settings import KafkaSettings
+from trainer.batch import Batch
+from trainer.inputs import make_batch
+
+log = logging.getLogger(__name__)
+
+PROBE_EVERY_S: Final = 1.0
+PROBE_TIMEOUT_MS: Final = 1500
+MAX_BACKOFF_S: Final = 30.0
+FENCE_TIMEOUT_S: Final = 10.0
+
+
+@dataclass(frozen=True)
+class Item:
+    """One consumed record: a batch, or ``batch=None`` for a dead letter."""
+
+    partition: int
+    offset: int
+    batch: Batch | None
+    generation: int
+
+    @property
+    def examples(self) -> int:
+        """Examples in the batch (0 for a dead letter)."""
+        return 0 if self.batch is None else self.batch.size
+
+
+class KafkaSource:
+    """Consume ``topic`` as a member of ``group`` (see the module docstring).
+
+    Args:
+        settings: the cluster.
+        topic: example-message topic.
+        group: consumer group id (every rank of a run uses the same).
+        max_seq_len: history window length for :func:`make_batch`.
+        offsets: next offset per partition to start from (the checkpoint's).
+        queue_size: decoded messages buffered ahead of the step.
+        dead_letter: a topic name, or a path ending in ``.jsonl``; default
+            ``<topic>.dead-letter``.
+        poll_ms: poll timeout of the background thread.
+    """
+
+    def __init__(
+        self,
+        settings: KafkaSettings,
+        topic: str,
+        group: str,
+        *,
+        max_seq_len: int,
+        offsets: dict[int, int] | None = None,
+        queue_size: int = 8,
+        dead_letter: str | None = None,
+        poll_ms: int = 100,
+    ) -> None:
+        self.settings = settings
+        self.topic = topic
+        self.group = group
+        self.max_seq_len = max_seq_len
+        self.dead_letter = dead_letter or f"{topic}.dead-letter"
+        self.poll_ms = poll_ms
+        self.dead_letters = 0
+        self._queue: queue.Queue[Item] = queue.Queue(maxsize=queue_size)
+        self._next: dict[int, int] = dict(offsets or {})
+        self._lock = threading.Condition()
+        self._generation = 0
+        self._iteration = 0
+        self._closing = threading.Event()
+        self._commit: dict[int, int] | None = None
+        self._assigned: set[int] = set()
+        self._reachable = True
+        self._last_activity = time.monotonic()
+        self._last_contact = time.monotonic()
+        self._joined = False  # no "drained" before the group gave us partitions
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(
+            target=self._run, name="kafka-source", daemon=True
+        )
+
+    # ---- main-thread API -------------------------------------------------
+
+    def start(self) -> KafkaSource:
+        """Start the background consumer thread."""
+        self._thread.start()
+        return self
+
+    def next(self, timeout: float) -> Item | None:
+        """The next record for this rank, or None after ``timeout`` seconds."""
+        if self._error is not None:
+            raise RuntimeError("Kafka consumer thread failed") from self._error
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                item = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                return None
+            with self._lock:
+                # Items decoded before a rebalance belong to an old assignment:
+                # the new owner of their partition will re-read them.
+                if item.generation == self._generation:
+                    return item
+
+    def mark(self, partition: int, next_offset: int) -> None:
+        """Record that everything before ``next_offset`` in ``partition`` is applied.
+
+        In data parallel every rank marks every rank's records (they are
+        all-gathered each step), so any rank can resume any partition.
+        """
+        with self._lock:
+            self._next[partition] = max(self._next.get(partition, 0), next_offset)
+
+    def iteration_done(self) -> None:
+        """The loop finished an iteration (its offsets are marked): a fence."""
+        with self._lock:
+            self._iteration += 1
+            self._lock.notify_all()
+
+    def offsets(self) -> dict[int, int]:
+        """The next-offset map (what the checkpoint stores)."""
+        with self._lock:
+            return dict(self._next)
+
+    def request_commit(self) -> None:
+        """Commit this rank's assigned partitions' offsets (after a checkpoint)."""
+        with self._lock:
+            self._commit = {p: o for p, o in self._next.items() if p in self._assigned}
+
+    def drained(self, idle_seconds: float) -> bool:
+        """No record for ``idle_seconds`` while the broker answered, nothing queued."""
+        now = time.monotonic()
+        # A recent broker round trip is required too: a paused broker looks idle.
+        return (
+            self._joined
+            and self._reachable
+            and now - self._last_contact < 2 * PROBE_EVERY_S
+            and self._queue.empty()
+            and now - self._last_activity > idle_seconds
+        )
+
+    def close(self) -> None:
+        """Stop the thread and close the consumer (commits nothing)."""
+        self._closing.set()
+        with self._lock:
+            self._lock.notify_all()
+        self._thread.join(timeout=15)
+
+    # ---- background thread ------------------------------------------------
+
+    def _fence(self) -> None:
+        """Wait until the main loop completes its current iteration.
+
+        Rebalance sync point: after it, every record this rank (or, through
+        the all-gather, any rank) applied so far is in the offset map.
+        """
+        with self._lock:
+            start = self._iteration
+            self._lock.wait_for(
+                lambda: self._iteration > start or self._closing.is_set(),
+                timeout=FENCE_TIMEOUT_S,
+            )
+
+    def _run(self) -> None:
+        try:
+            self._consume()
+        except BaseException as error:  # surfaced to the main thread by next()
+            log.exception("Kafka consumer thread failed")
+            self._error = error
+
+    def _consume(self) -> None:
+        from kafka import ConsumerRebalanceListener, KafkaConsumer
+        from kafka.errors import KafkaError
+
+        source = self
+
+        class Listener(ConsumerRebalanceListener):  # type: ignore[misc]
+            def on_partitions_revoked(self, revoked: Any) -> None:
+                with source._lock:
+                    source._generation += 1
+                    source._assigned = set()
+                source._fence()  # a record taken before the bump may be mid-step
+
+            def on_partitions_assigned(self, assigned: Any) -> None:
+                source._fence()  # the previous owner's last step is now marked
+                with source._lock:
+                    source._assigned = {tp.partition for tp in assigned}
+                    source._joined = True
+                    source._last_activity = time.monotonic()  # idle counts from here
+                    known = dict(source._next)
+                for tp in assigned:
+                    if tp.partition in known:
+                        consumer.seek(tp, known[tp.partition])
+                log.info(
+                    "assigned %s; starting at %s",
+                    sorted(source._assigned),
+                    {
+                        p: known.get(p, "committed/earliest")
+                        for p in sorted(source._assigned)
+                    },
+                )
+
+        consumer = KafkaConsumer(
+            **self.settings.consumer_config(
+                group_id=self.group,
+                enable_auto_commit=False,
+                auto_offset_reset="earliest",
+                max_partition_fetch_bytes=16 * 1024 * 1024,
+            )
+        )
+        consumer.subscribe([self.topic], listener=Listener())
+        backoff, down_since, last_probe = 0.5, 0.0, time.monotonic()
+        try:
+            while not self._closing.is_set():
+                try:
+                    self._flush_commit(consumer)
+                    records = consumer.poll(
+                        timeout_ms=self.poll_ms, max_records=self._queue.maxsize
+                    )
+                    if not records and time.monotonic() - last_probe > PROBE_EVERY_S:
+                        last_probe = time.monotonic()
+                        probe = next(iter(consumer.assignment()), None)
+                        if probe is not None:  # any broker round trip proves liveness
+                            consumer.committed(probe, timeout_ms=PROBE_TIMEOUT_MS)
+                        self._last_contact = time.monotonic()
+                    elif records:
+                        self._last_contact = time.monotonic()
+                except KafkaError as error:
+                    if self._reachable:
+                        down_since = time.monotonic()
+                    self._reachable = False
+                    log.warning(
+                        "Kafka broker %s unreachable (%s: %s); retrying in %.1f s",
+                        self.settings.bootstrap,
+                        type(error).__name__,
+                        error,
+                        backoff,
+                    )
+                    self._closing.wait(backoff)
+                    backoff = min(backoff * 2, MAX_BACKOFF_S)
+                    continue
+                if not self._reachable:
+                    log.info(
+                        "Kafka broker reachable again after %.1f s",
+                        time.monotonic() - down_since,
+                    )
+                    self._reachable = True
+                    self._last_activity = time.monotonic()  # restart the idle clock
+                backoff = 0.5
+                for tp, messages in records.items():
+                    for message in messages:
+                        self._last_activity = time.monotonic()
+                        self._put(self._decode(tp.partition, message))
+        finally:
+            consumer.close(autocommit=False)
+            if hasattr(self, "_producer"):
+                self._producer.close()
+
+    def _flush_commit(self, consumer: Any) -> None:
+        from kafka import OffsetAndMetadata, TopicPartition
+
+        with self._lock:
+            offsets, self._commit = self._commit, None
+        if offsets:
+            consumer.commit(
+                {
+                    TopicPartition(self.topic, p): OffsetAndMetadata(o, "", -1)
+                    for p, o in offsets.items()
+                },
+                timeout_ms=PROBE_TIMEOUT_MS,
+            )
+
+    def _decode(self, partition: int, message: Any) -> Item:
+        """Record → Item; poison becomes a dead letter and an empty Item."""
+        headers = [(k, v) for k, v in (message.headers or [])]
+        decoded = decode_example_message(message.value, headers or None)
+        batch, reason = None, decoded.reason
+        if decoded.ok:
+            try:
+                batch = make_batch(
+                    decoded.examples, decoded.segments, max_seq_len=self.max_seq_len
+                )
+            except ValueError as error:
+                reason = f"invalid examples: {error}"
+        if batch is None or batch.size == 0:
+            self._set_aside(partition, message, reason or "message holds no examples")
+            batch = None
+        with self._lock:
+            generation = self._generation
+        return Item(partition, message.offset, batch, generation)
+
+    def _put(self, item: Item) -> None:
+        while not self._closing.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return
+            except queue.Full:
+                continue  # bounded: the step is behind; wait for it
+
+    def _set_aside(self, partition: int, message: Any, reason: str) -> None:
+        letter = DeadLetter(
+            source=self.topic,
+            partition=partition,
+            offset=message.offset,
+            reason=reason,
+            payload=message.value or b"",
+        )
+        log.warning(
+            "dead letter %s/%d@%d: %s", self.topic, partition, message.offset, reason
+        )
+        self.dead_letters += 1
+        if self.dead_letter.endswith(".jsonl"):
+            with open(Path(self.dead_letter), "a") as file:
+                file.write(letter.to_json() + "\n")
+            return
+        if not hasattr(self, "_producer"):
+            from kafka import KafkaProducer
+
+            from features.kafka.topics import ensure_topics
+
+            ensure_topics(self.settings, {self.dead_letter: 1})
+            self._producer = KafkaProducer(**self.settings.client_config(), acks="all")
+        self._producer.send(
+            self.dead_letter,
+            value=letter.payload,
+            headers=letter.kafka_headers(),
+        ).get(timeout=10)
