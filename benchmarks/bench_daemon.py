@@ -62,7 +62,7 @@ def main() -> int:
     for i in range(args.messages):
         chunk = ref.examples.slice((i * args.per_message) % rows, args.per_message)
         segments = timeline_segments(chunk, ref.timelines, MAX_LEN)
-        values.append(encode_example_message(chunk, segments))
+        values.append(encode_example_message(chunk, segments, max_seq_len=MAX_LEN))
 
     # Peer: decode everything first, then eval + train in a plain loop.
     batches = []

@@ -14,7 +14,10 @@ streams, framed so a reader can check everything before trusting a byte::
 
 Each needed timeline segment appears once per message (one row per user), so
 a message costs its examples plus each user's recent events once, not one
-window per example (see :func:`features.windows.timeline_segments`).
+window per example (see :func:`features.windows.timeline_segments`). The
+segments were cut for a window length, carried in the segments stream's
+schema metadata (``max_seq_len``): a consumer reads windows of at most that
+many events (the minimum of its own length and the producer's).
 
 Kafka record: key = the user shard (so one user's examples stay in order in
 one partition), headers ``schema-version`` and ``content-type``
@@ -52,11 +55,13 @@ class DecodedMessage:
         examples: the examples (``training_example_schema()``), or None.
         segments: the timeline segments (TIMELINE_SEGMENT_SCHEMA), or None.
         reason: why the message was rejected; None when it is valid.
+        max_seq_len: the window length the segments were cut for, or None.
     """
 
     examples: pa.Table | None
     segments: pa.Table | None
     reason: str | None
+    max_seq_len: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -80,13 +85,20 @@ def _stream(table: pa.Table) -> bytes:
     return bytes(sink.getvalue())
 
 
-def encode_example_message(examples: pa.Table, segments: pa.Table) -> bytes:
+_WINDOW_KEY: Final = b"max_seq_len"
+
+
+def encode_example_message(
+    examples: pa.Table, segments: pa.Table, *, max_seq_len: int
+) -> bytes:
     """One message from examples and the segments their windows need.
 
     Args:
         examples: rows in ``training_example_schema()`` (column order and
             types exactly; metadata is replaced by the contract's).
         segments: rows in TIMELINE_SEGMENT_SCHEMA.
+        max_seq_len: the window length ``segments`` were cut for
+            (:func:`features.windows.timeline_segments`).
 
     Raises:
         ValueError: a table is not in its schema (a producer bug, not data).
@@ -94,9 +106,10 @@ def encode_example_message(examples: pa.Table, segments: pa.Table) -> bytes:
     Example:
         >>> data = encode_example_message(
         ...     training_example_schema().empty_table(),
-        ...     TIMELINE_SEGMENT_SCHEMA.empty_table())
-        >>> decode_example_message(data).ok
-        True
+        ...     TIMELINE_SEGMENT_SCHEMA.empty_table(), max_seq_len=256)
+        >>> decoded = decode_example_message(data)
+        >>> decoded.ok, decoded.max_seq_len
+        (True, 256)
     """
     example_schema = training_example_schema()
     for name, table, schema in (
@@ -105,8 +118,14 @@ def encode_example_message(examples: pa.Table, segments: pa.Table) -> bytes:
     ):
         if not table.schema.equals(schema, check_metadata=False):
             raise ValueError(f"{name} are not in the contract schema")
+    if max_seq_len < 1:
+        raise ValueError(f"max_seq_len must be at least 1, got {max_seq_len}")
     first = _stream(examples.replace_schema_metadata(example_schema.metadata))
-    second = _stream(segments.replace_schema_metadata(TIMELINE_SEGMENT_SCHEMA.metadata))
+    segment_metadata = {
+        **(TIMELINE_SEGMENT_SCHEMA.metadata or {}),
+        _WINDOW_KEY: str(max_seq_len).encode(),
+    }
+    second = _stream(segments.replace_schema_metadata(segment_metadata))
     return _HEADER.pack(MAGIC, MESSAGE_VERSION, len(first)) + first + second
 
 
@@ -170,4 +189,14 @@ def decode_example_message(
     segments, reason = _read(data[end:], TIMELINE_SEGMENT_SCHEMA, "segments")
     if segments is None:
         return DecodedMessage(None, None, reason)
-    return DecodedMessage(examples, segments, None)
+    window = (segments.schema.metadata or {}).get(_WINDOW_KEY, b"")
+    if not window.isdigit() or int(window) < 1:
+        return DecodedMessage(
+            None, None, "segments: no valid max_seq_len in their metadata"
+        )
+    return DecodedMessage(
+        examples.replace_schema_metadata(training_example_schema().metadata),
+        segments.replace_schema_metadata(TIMELINE_SEGMENT_SCHEMA.metadata),
+        None,
+        int(window),
+    )

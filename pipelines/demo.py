@@ -13,11 +13,15 @@ What it does today (each later capability adds its step here):
    order;
 5. runs the Beam feature job (:mod:`pipelines.build`, FnApiRunner) on the
    generated files into ``<output>/features``: training examples, timelines,
-   Feast feature tables, dead letters and a summary whose counts add up;
+   Feast feature tables, dead letters and a summary whose counts add up; it
+   also publishes the examples with their timeline segments to Kafka;
 6. registers the feature tables with Feast (``feature_repo/``, the embedded
    configuration unless ``GEM_FEAST_ENV=prod``), materializes them into the
    online store, reads a user back online, and checks sampled training
-   examples against Feast's point-in-time features.
+   examples against Feast's point-in-time features;
+7. runs the trainer daemon (:mod:`trainer.daemon`, GEM, tiny preset) on the
+   examples topic until it is drained, and prints the progressive-validation
+   NE / AUC / calibration per (domain, objective) and the PNG of the curves.
 
 Every process it starts is stopped on the way out, also on Ctrl-C, SIGTERM or
 an error. Exit code 0 only when every check holds.
@@ -28,7 +32,9 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import shutil
 import signal
+import subprocess
 import sys
 import time
 from collections import Counter
@@ -53,6 +59,9 @@ log = logging.getLogger("demo")
 
 EVENTS_TOPIC = "gem.events.raw"
 DEAD_LETTER_TOPIC = "gem.events.dead-letter"
+EXAMPLES_TOPIC = "gem.examples"
+DEMO_BATCH = 256
+DEMO_MAX_SEQ_LEN = 64
 
 # One malformed message of each kind the contract must reject with a reason.
 MALFORMED_MESSAGES: tuple[bytes, ...] = (
@@ -114,7 +123,7 @@ def _print_event_summary(events: pa.Table) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the demo steps; returns the process exit code."""
-    total = 6
+    total = 7
     output: Path = args.output
     _step(1, total, f"Generating events into {output}/")
     started = time.monotonic()
@@ -155,50 +164,57 @@ def run(args: argparse.Namespace) -> int:
             expected=expected,
             dead_letter_topic=DEAD_LETTER_TOPIC,
         )
-    print(
-        "  broker stopped" if settings.embedded else "  (external cluster left running)"
-    )
 
-    valid = report.events
-    print(
-        f"  read {report.messages:,} messages in {report.seconds:.1f} s "
-        f"({report.messages / max(report.seconds, 1e-9):,.0f}/s): "
-        f"{valid.num_rows:,} valid + {len(report.dead_letters)} dead letters "
-        f"(copied to {DEAD_LETTER_TOPIC})"
-    )
-    for reason, count in report.reasons.most_common():
-        print(f"    {count} x {reason}")
-    distinct = pc.count_distinct(valid["event_id"]).as_py()
-    print(
-        f"  distinct event ids: {distinct:,} "
-        f"({valid.num_rows - distinct:,} at-least-once duplicates for the pipeline "
-        "to drop)"
-    )
-    print(f"  users whose events arrived out of order: {report.out_of_order_users}")
+        valid = report.events
+        print(
+            f"  read {report.messages:,} messages in {report.seconds:.1f} s "
+            f"({report.messages / max(report.seconds, 1e-9):,.0f}/s): "
+            f"{valid.num_rows:,} valid + {len(report.dead_letters)} dead letters "
+            f"(copied to {DEAD_LETTER_TOPIC})"
+        )
+        for reason, count in report.reasons.most_common():
+            print(f"    {count} x {reason}")
+        distinct = pc.count_distinct(valid["event_id"]).as_py()
+        print(
+            f"  distinct event ids: {distinct:,} "
+            f"({valid.num_rows - distinct:,} at-least-once duplicates for the pipeline "
+            "to drop)"
+        )
+        print(f"  users whose events arrived out of order: {report.out_of_order_users}")
 
-    _step(5, total, f"Building features with Beam into {output}/features/")
-    counts = _build_features(output)
+        _step(5, total, f"Building features with Beam into {output}/features/")
+        ensure_topics(cluster, {EXAMPLES_TOPIC: args.partitions})
+        counts = _build_features(output, cluster)
 
-    checks = {
-        "every message accounted for (read = valid + dead letters)": (
-            report.messages == expected
-            and valid.num_rows + len(report.dead_letters) == report.messages
-        ),
-        "valid events equal the generated events": _same_events(valid, events),
-        "every malformed message dead-lettered": len(report.dead_letters) == injected,
-        "per-user order kept": report.out_of_order_users == 0,
-        "feature job counts add up (read = valid + dead; valid = distinct + dups)": (
-            counts["events_read"]
-            == counts["events_valid"] + counts["events_dead_lettered"]
-            and counts["events_valid"]
-            == counts["events_distinct"] + counts["duplicates_removed"]
-        ),
-        "one training example per distinct impression": (
-            counts["impressions"] == counts["examples"] == data.truth.num_rows
-        ),
-    }
-    _step(6, total, "Feast: apply, materialize, online and point-in-time reads")
-    checks.update(_feast_step(output / "features"))
+        checks = {
+            "every message accounted for (read = valid + dead letters)": (
+                report.messages == expected
+                and valid.num_rows + len(report.dead_letters) == report.messages
+            ),
+            "valid events equal the generated events": _same_events(valid, events),
+            "every malformed message dead-lettered": len(report.dead_letters)
+            == injected,
+            "per-user order kept": report.out_of_order_users == 0,
+            "feature job counts add up (read = distinct + dups + dead letters)": (
+                counts["events_read"]
+                == counts["events_valid"] + counts["events_dead_lettered"]
+                and counts["events_valid"]
+                == counts["events_distinct"] + counts["duplicates_removed"]
+            ),
+            "one training example per distinct impression": (
+                counts["impressions"] == counts["examples"] == data.truth.num_rows
+            ),
+        }
+        _step(6, total, "Feast: apply, materialize, online and point-in-time reads")
+        checks.update(_feast_step(output / "features"))
+
+        _step(7, total, f"Training GEM from {EXAMPLES_TOPIC} until it is drained")
+        checks.update(_train_step(cluster, output, published=counts["examples"]))
+    print(
+        "\n  broker stopped"
+        if settings.embedded
+        else "\n  (external cluster left running)"
+    )
 
     print()
     for name, ok in checks.items():
@@ -206,8 +222,95 @@ def run(args: argparse.Namespace) -> int:
     return 0 if all(checks.values()) else 1
 
 
-def _build_features(output: Path) -> dict[str, int]:
-    """Step 5: the Beam feature job on the generated files; returns its counts."""
+def _train_step(
+    cluster: KafkaSettings, output: Path, *, published: int
+) -> dict[str, bool]:
+    """Step 7: the trainer daemon on the examples topic until drained.
+
+    The daemon runs as its own process, as in production: it shares nothing
+    with the pipelines but the Kafka topic. Prints the progressive-validation
+    table (each batch scored before it was trained on) and where the PNG of
+    the curves is; returns the step's checks.
+    """
+    # A fresh start: this run's broker and examples are new (the embedded
+    # broker keeps nothing), so an earlier run's checkpoint, with its model
+    # and Kafka offsets, does not belong to them.
+    checkpoints = output / "checkpoints"
+    shutil.rmtree(checkpoints, ignore_errors=True)
+    checkpoints.mkdir(parents=True)
+    metrics_path = checkpoints / "metrics.jsonl"
+    log_path = checkpoints / "daemon.log"
+    command = [
+        sys.executable, "-m", "trainer.daemon", *cluster.to_args(),
+        "--topic", EXAMPLES_TOPIC,
+        "--group", f"gem-demo-trainer-{int(time.time())}",
+        "--checkpoint-dir", str(checkpoints),
+        "--model", "gem", "--preset", "tiny",
+        "--idle-seconds", "5",
+        "--metrics-jsonl", str(metrics_path),
+        "--plot", str(checkpoints / "progressive_ne.png"),
+    ]  # fmt: skip
+    started = time.monotonic()
+    with open(log_path, "w") as log_file:
+        daemon = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=log_file, text=True,
+            env=cluster.child_env(),
+        )  # fmt: skip
+        try:
+            out, _ = daemon.communicate()
+        finally:
+            # Ctrl-C or an error here: the daemon checkpoints and exits on
+            # SIGTERM; do not leave it behind.
+            if daemon.poll() is None:
+                daemon.terminate()
+                try:
+                    daemon.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    daemon.kill()
+                    daemon.wait()
+    if daemon.returncode != 0:
+        print(f"  the daemon exited with {daemon.returncode}; log: {log_path}")
+        return {"the trainer applied every published example once": False}
+    result = json.loads(out.strip().splitlines()[-1])
+    last = json.loads(metrics_path.read_text().strip().splitlines()[-1])
+    print(
+        f"  {result['examples']:,} examples in {result['step']:,} steps, "
+        f"{time.monotonic() - started:.1f} s; dead letters: "
+        f"{result['dead_letters']} (log: {log_path})"
+    )
+    for scope, title in (("lifetime", "whole run"), ("window", "last window")):
+        print(f"  progressive validation, {title}:")
+        _print_metrics(last[scope])
+    print(f"  curves: {result['png']}")
+    return {
+        "the trainer applied every published example once": (
+            result["examples"] == published and result["dead_letters"] == 0
+        ),
+        "progressive metrics for every domain and objective": len(last["lifetime"])
+        == 6,
+    }
+
+
+def _print_metrics(table: dict[str, dict[str, float]]) -> None:
+    header = ("count", "pos", "NE", "AUC", "calib")
+    widths = (8, 6, 8, 8, 8)
+    print(
+        f"    {'domain/objective':<24}"
+        + "".join(f"{h:>{w}}" for h, w in zip(header, widths, strict=True))
+    )
+    for name, m in sorted(table.items()):
+        print(
+            f"    {name:<24}{int(m['count']):>8,}{int(m['positives']):>6,}"
+            f"{m['ne']:>8.4f}{m['auc']:>8.4f}{m['calibration']:>8.4f}"
+        )
+
+
+def _build_features(output: Path, cluster: KafkaSettings) -> dict[str, int]:
+    """Step 5: the Beam feature job on the generated files; returns its counts.
+
+    Besides the files, it publishes the examples (with their timeline
+    segments) to :data:`EXAMPLES_TOPIC` for the trainer daemon.
+    """
     # Imported here: Beam takes a second to import, and steps 1-4 do not need it.
     from pipelines import build
 
@@ -220,6 +323,17 @@ def _build_features(output: Path) -> dict[str, int]:
             str(output),
             "--output",
             str(output / "features"),
+            "--kafka-bootstrap",
+            str(cluster.bootstrap),
+            "--examples-topic",
+            EXAMPLES_TOPIC,
+            # Small batches: the daemon takes one step per message, and the
+            # demo wants enough steps for the progressive curves to mean
+            # something; short windows keep the tiny model fast on a CPU.
+            "--examples-per-message",
+            str(DEMO_BATCH),
+            "--max-seq-len",
+            str(DEMO_MAX_SEQ_LEN),
         ]
     )
     counts: dict[str, int] = summary["counts"]

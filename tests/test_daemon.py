@@ -61,7 +61,7 @@ def messages(reference: ReferenceOutput, count: int) -> list[bytes]:
         start = (i * PER_MESSAGE) % (examples.num_rows - PER_MESSAGE)
         chunk = examples.slice(start, PER_MESSAGE)
         segments = timeline_segments(chunk, reference.timelines, MAX_LEN)
-        out.append(encode_example_message(chunk, segments))
+        out.append(encode_example_message(chunk, segments, max_seq_len=MAX_LEN))
     return out
 
 
@@ -73,7 +73,9 @@ def out_of_range_message(reference: ReferenceOutput) -> bytes:
         index, chunk.schema.field(index), pa.array([10**6] * 4, pa.int64())
     )
     return encode_example_message(
-        chunk, timeline_segments(chunk, reference.timelines, MAX_LEN)
+        chunk,
+        timeline_segments(chunk, reference.timelines, MAX_LEN),
+        max_seq_len=MAX_LEN,
     )
 
 

@@ -49,7 +49,7 @@ def _segments() -> pa.Table:
 
 
 def test_round_trip() -> None:
-    message = encode_example_message(_examples(10), _segments())
+    message = encode_example_message(_examples(10), _segments(), max_seq_len=8)
     decoded = decode_example_message(message, message_headers())
     assert decoded.ok
     assert decoded.examples is not None
@@ -60,7 +60,7 @@ def test_round_trip() -> None:
 
 def test_encode_rejects_foreign_tables() -> None:
     with pytest.raises(ValueError, match="examples"):
-        encode_example_message(pa.table({"x": [1]}), _segments())
+        encode_example_message(pa.table({"x": [1]}), _segments(), max_seq_len=8)
 
 
 @pytest.mark.parametrize(
@@ -85,7 +85,7 @@ def test_bad_messages_get_a_reason(
 
 
 def test_wrong_schema_inside_is_rejected() -> None:
-    good = encode_example_message(_examples(2), _segments())
+    good = encode_example_message(_examples(2), _segments(), max_seq_len=8)
     length = struct.unpack_from("<Q", good, 6)[0]
     sink = pa.BufferOutputStream()
     other = pa.table({"x": [1]})
@@ -96,7 +96,7 @@ def test_wrong_schema_inside_is_rejected() -> None:
     assert decoded.reason == "segments: schema differs from the contract"
 
 
-_GOOD = encode_example_message(_examples(3), _segments())
+_GOOD = encode_example_message(_examples(3), _segments(), max_seq_len=8)
 
 
 @settings(max_examples=150, deadline=None)
@@ -117,3 +117,17 @@ def test_garbage_never_crashes(data: bytes) -> None:
         assert decoded.examples.schema.equals(
             training_example_schema(), check_metadata=False
         )
+
+
+def test_segments_without_their_window_length_are_rejected() -> None:
+    def stream(table: pa.Table) -> bytes:
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, table.schema) as writer:
+            writer.write_table(table)
+        return bytes(sink.getvalue())
+
+    first, second = stream(_examples(2)), stream(_segments())
+    frame = struct.pack("<4sHQ", b"GEMX", MESSAGE_VERSION, len(first))
+    decoded = decode_example_message(frame + first + second)
+    assert decoded.reason == "segments: no valid max_seq_len in their metadata"
+    assert decode_example_message(_GOOD).max_seq_len == 8

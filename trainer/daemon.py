@@ -47,6 +47,7 @@ from features.kafka import KafkaSettings, add_kafka_arguments, kafka_cluster
 from trainer.checkpoint import load_latest, save_checkpoint
 from trainer.config import preset as preset_config
 from trainer.kafka_source import Item, KafkaSource
+from trainer.models.base_rate import BaseRateOffset, prior_logits
 from trainer.models.registry import build_model, model_config
 from trainer.models.train import GEMTrain
 from trainer.progressive import ProgressiveMetrics
@@ -82,6 +83,8 @@ class DaemonConfig:
     prometheus_port: int = 0
     tensorboard_dir: Path | None = None
     plot: Path | None = None
+    prior_click_rate: float = 0.02
+    prior_conversion_rate: float = 0.002
 
 
 class _Stop:
@@ -130,7 +133,15 @@ def run(config: DaemonConfig, settings: KafkaSettings) -> dict[str, Any]:
     rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
     stop = _Stop()
     torch.manual_seed(config.seed)
-    model = GEMTrain(build_model(config.model, config.preset))
+    # Start every task's output at a prior rate: progressive validation scores
+    # from the very first batch, and a model at p = 0.5 would spend its first
+    # steps (and ruin the lifetime metrics) just learning the base rate.
+    model = GEMTrain(
+        BaseRateOffset(
+            build_model(config.model, config.preset),
+            prior_logits(config.prior_click_rate, config.prior_conversion_rate),
+        )
+    )
     optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
     metrics = ProgressiveMetrics(config.window_examples)
     step, examples, offsets, lineage = 0, 0, {}, None
@@ -368,6 +379,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prometheus-port", type=int, default=0)
     parser.add_argument("--tensorboard", type=Path, dest="tensorboard_dir")
     parser.add_argument("--plot", type=Path, help="PNG of the curves at the end")
+    parser.add_argument("--prior-click-rate", type=float, default=0.02)
+    parser.add_argument("--prior-conversion-rate", type=float, default=0.002)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     add_kafka_arguments(parser)
     args = parser.parse_args(argv)

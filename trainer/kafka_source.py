@@ -314,8 +314,11 @@ class KafkaSource:
         batch, reason = None, decoded.reason
         if decoded.ok:
             try:
+                # The segments only reach back as far as the producer's
+                # window: read at most that many events.
+                window = min(self.max_seq_len, decoded.max_seq_len or 0)
                 batch = make_batch(
-                    decoded.examples, decoded.segments, max_seq_len=self.max_seq_len
+                    decoded.examples, decoded.segments, max_seq_len=window
                 )
             except ValueError as error:
                 reason = f"invalid examples: {error}"

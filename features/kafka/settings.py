@@ -115,6 +115,36 @@ class KafkaSettings:
         config.update(overrides)
         return config
 
+    def to_args(self) -> list[str]:
+        """The flags :func:`add_kafka_arguments` parses back into these settings.
+
+        The SASL password is left out: pass it to the child process through
+        ``KAFKA_SASL_PASSWORD`` (see :meth:`child_env`), not its command line.
+        """
+        if self.bootstrap is None:
+            raise ValueError("no Kafka bootstrap address: start a broker first")
+        args = [
+            f"--kafka-bootstrap={self.bootstrap}",
+            f"--kafka-security-protocol={self.security_protocol}",
+        ]
+        optional = {
+            "--kafka-sasl-mechanism": self.sasl_mechanism,
+            "--kafka-sasl-username": self.sasl_username,
+            "--kafka-ssl-cafile": self.ssl_cafile,
+            "--kafka-ssl-certfile": self.ssl_certfile,
+            "--kafka-ssl-keyfile": self.ssl_keyfile,
+        }
+        args += [f"{flag}={value}" for flag, value in optional.items() if value]
+        args += [f"--kafka-option={k}={v}" for k, v in self.extra.items()]
+        return args
+
+    def child_env(self) -> dict[str, str]:
+        """Environment for a child process given :meth:`to_args` (the password)."""
+        env = dict(os.environ)
+        if self.sasl_password is not None:
+            env[PASSWORD_ENV] = self.sasl_password
+        return env
+
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> KafkaSettings:
         """Settings from the flags :func:`add_kafka_arguments` defined."""

@@ -212,7 +212,9 @@ class PublishShardFn(beam.DoFn):  # type: ignore[misc]
             self._producer.send(
                 self._topic,
                 key=key,
-                value=encode_example_message(chunk, segments),
+                value=encode_example_message(
+                    chunk, segments, max_seq_len=self._max_seq_len
+                ),
                 headers=message_headers(),
             )
             self.messages.inc()

@@ -1,0 +1,145 @@
+"""``trainer.fit`` end to end on a tiny generated set (reference features)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from features.vocab import DOMAINS, TRAINING_OBJECTIVES
+from pipelines import reference
+from pipelines.synthetic import GeneratorConfig, generate_dataset
+from trainer import fit as fit_module
+from trainer.data import (
+    ExampleDataset,
+    cut_at_fraction,
+    event_time_ms,
+    read_examples,
+    time_forward_split,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIG = GeneratorConfig(users=300, ads=60, days=3, seed=7)
+# Short windows keep the tiny GEM's padded InterFormer attention cheap.
+FAST = ["--preset", "tiny", "--max-seq-len", "32", "--batch-size", "256"]
+
+
+@pytest.fixture(scope="module")
+def split(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, int]:
+    """(train dir, eval dir, cut) from one generated set, cut at ~80 %."""
+    root = tmp_path_factory.mktemp("fit")
+    generate_dataset(CONFIG, root / "gen")
+    assert (
+        reference.main(["--input", str(root / "gen"), "--output", str(root / "f")]) == 0
+    )
+    cut = cut_at_fraction(root / "f", 0.8)
+    n_train, n_eval = time_forward_split(root / "f", cut, root / "train", root / "eval")
+    assert n_train > 0
+    assert n_eval > 0
+    assert n_train + n_eval == read_examples(root / "f").num_rows
+    return root / "train", root / "eval", cut
+
+
+def _run(train: Path, evals: Path, out: Path, *extra: str) -> dict:
+    argv = ["--train", str(train), "--eval", str(evals), "--metrics-out", str(out)]
+    assert fit_module.main([*argv, *FAST, *extra]) == 0
+    return json.loads(out.read_text())
+
+
+def test_time_forward_split_has_no_eval_before_cut(
+    split: tuple[Path, Path, int],
+) -> None:
+    train, evals, cut = split
+    assert event_time_ms(read_examples(train)).max() < cut
+    assert event_time_ms(read_examples(evals)).min() >= cut
+
+
+def test_dataset_batches_cover_every_example_once(
+    split: tuple[Path, Path, int],
+) -> None:
+    data = ExampleDataset(split[0], max_seq_len=16)
+    sizes = [b.size for b in data.batches(500, shuffle=True, seed=3)]
+    assert sum(sizes) == len(data)
+    assert max(sizes) == 500
+    # Same (seed, epoch): same order; another epoch: another order.
+    a = data.order(shuffle=True, seed=3, epoch=0)
+    assert np.array_equal(a, data.order(shuffle=True, seed=3, epoch=0))
+    assert not np.array_equal(a, data.order(shuffle=True, seed=3, epoch=1))
+
+
+def test_fit_writes_every_task_and_loss_decreases(
+    split: tuple[Path, Path, int], tmp_path: Path
+) -> None:
+    train, evals, _ = split
+    report = _run(
+        train,
+        evals,
+        tmp_path / "m.json",
+        "--model",
+        "gem",
+        "--epochs",
+        "4",
+        "--lr",
+        "3e-3",
+    )
+    losses = report["train"]["epoch_loss"]
+    assert losses[-1] < losses[0]
+    assert set(report["by_task"]) == {
+        f"{d}/{o}" for d in DOMAINS for o in TRAINING_OBJECTIVES
+    }
+    assert set(report["overall"]) == set(TRAINING_OBJECTIVES)
+    for m in report["by_task"].values():
+        assert {"ne", "auc", "calibration", "count", "positives"} <= set(m)
+    assert report["train"]["examples_per_s"] > 0
+    assert report["config"]["model"]["embedding"]["max_seq_len"] == 32
+
+
+def test_fit_is_deterministic(split: tuple[Path, Path, int], tmp_path: Path) -> None:
+    train, evals, _ = split
+    args = ("--model", "gem", "--epochs", "2", "--seed", "5")
+    a = _run(train, evals, tmp_path / "a.json", *args)
+    b = _run(train, evals, tmp_path / "b.json", *args)
+    assert a["by_task"] == b["by_task"]
+    assert a["train"]["epoch_loss"] == b["train"]["epoch_loss"]
+
+
+def test_fit_cli_baseline(split: tuple[Path, Path, int], tmp_path: Path) -> None:
+    """The module entry point, as a subprocess, with the paper's optimizer split."""
+    train, evals, _ = split
+    out = tmp_path / "dlrm.json"
+    cmd = [
+        sys.executable,
+        "-m",
+        "trainer.fit",
+        "--train",
+        str(train),
+        "--eval",
+        str(evals),
+        "--model",
+        "dlrm",
+        "--optimizer",
+        "adam+adagrad",
+        "--metrics-out",
+        str(out),
+        *FAST,
+    ]
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "all/click" in done.stdout
+    assert json.loads(out.read_text())["config"]["fit"]["optimizer"] == "adam+adagrad"
+
+
+def test_gpu_check_smoke_runs_on_cpu() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.gpu_check", "--smoke"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "examples/s" in done.stdout
