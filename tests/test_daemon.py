@@ -245,3 +245,24 @@ def test_resume_equals_uninterrupted(
         assert rest["metrics"][key]["ne"] == pytest.approx(
             values["ne"], rel=1e-5, nan_ok=True
         )
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_pinned_batches_copy_to_the_gpu_unchanged(reference: ReferenceOutput) -> None:
+    """The daemon's GPU input path: pin on the decode thread, copy non-blocking."""
+    from trainer.inputs import make_batch
+
+    chunk = reference.examples.slice(0, 16)
+    batch = make_batch(
+        chunk,
+        timeline_segments(chunk, reference.timelines, MAX_LEN),
+        max_seq_len=MAX_LEN,
+    )
+    pinned = batch.pin_memory()
+    assert pinned.dense.is_pinned()
+    moved = pinned.to(torch.device("cuda"), non_blocking=True)
+    torch.cuda.synchronize()
+    torch.testing.assert_close(moved.dense.cpu(), batch.dense)
+    torch.testing.assert_close(moved.sequence.values().cpu(), batch.sequence.values())
+    torch.testing.assert_close(moved.labels.cpu(), batch.labels)

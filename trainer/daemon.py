@@ -30,6 +30,7 @@ test can prove exactly-once from the checkpoint chain.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -85,6 +86,16 @@ class DaemonConfig:
     plot: Path | None = None
     prior_click_rate: float = 0.02
     prior_conversion_rate: float = 0.002
+    device: str = "auto"
+
+
+def _device(name: str) -> torch.device:
+    """``auto``: this rank's GPU when there is one (torchrun's LOCAL_RANK), else CPU."""
+    if name != "auto":
+        return torch.device(name)
+    if torch.cuda.is_available():
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return torch.device("cpu")
 
 
 class _Stop:
@@ -128,8 +139,12 @@ def _dp_step(
 def run(config: DaemonConfig, settings: KafkaSettings) -> dict[str, Any]:
     """Run the daemon until stopped or drained; returns the final metrics."""
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    device = _device(config.device)
+    on_gpu = device.type == "cuda"
+    if on_gpu:
+        torch.cuda.set_device(device)
     if distributed and not dist.is_initialized():
-        dist.init_process_group("gloo")
+        dist.init_process_group("nccl" if on_gpu else "gloo")
     rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
     stop = _Stop()
     torch.manual_seed(config.seed)
@@ -141,7 +156,7 @@ def run(config: DaemonConfig, settings: KafkaSettings) -> dict[str, Any]:
             build_model(config.model, config.preset),
             prior_logits(config.prior_click_rate, config.prior_conversion_rate),
         )
-    )
+    ).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
     metrics = ProgressiveMetrics(config.window_examples)
     step, examples, offsets, lineage = 0, 0, {}, None
@@ -173,6 +188,7 @@ def run(config: DaemonConfig, settings: KafkaSettings) -> dict[str, Any]:
         offsets=offsets,
         queue_size=config.queue_size,
         dead_letter=config.dead_letter,
+        pin_memory=on_gpu,
     ).start()
     reporter = Reporter(
         jsonl=config.metrics_jsonl,
@@ -193,7 +209,8 @@ def run(config: DaemonConfig, settings: KafkaSettings) -> dict[str, Any]:
             dist.all_gather_object(states, metrics.state_dict())
         # Ranks must hold equal parameters; a cheap checksum proves it.
         flat = torch.nn.utils.parameters_to_vector(model.parameters()).double()
-        mine = torch.stack([flat.sum(), (flat * torch.arange(flat.numel())).sum()])
+        position = torch.arange(flat.numel(), device=flat.device)
+        mine = torch.stack([flat.sum(), (flat * position).sum()])
         sums = [mine]
         if distributed:
             sums = [torch.empty_like(mine) for _ in range(world)]
@@ -251,7 +268,13 @@ def run(config: DaemonConfig, settings: KafkaSettings) -> dict[str, Any]:
                     ),
                 ],
                 dtype=torch.int64,
+                device=device,  # nccl gathers GPU tensors only
             )
+            if item is not None and item.batch is not None and on_gpu:
+                # Pinned on the decode thread: the copy overlaps with compute.
+                item = dataclasses.replace(
+                    item, batch=item.batch.to(device, non_blocking=True)
+                )
             if distributed:
                 everyone = [torch.empty_like(mine) for _ in range(world)]
                 dist.all_gather(
@@ -379,6 +402,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prometheus-port", type=int, default=0)
     parser.add_argument("--tensorboard", type=Path, dest="tensorboard_dir")
     parser.add_argument("--plot", type=Path, help="PNG of the curves at the end")
+    parser.add_argument(
+        "--device", default="auto", help="auto: this rank's GPU if any, else cpu"
+    )
     parser.add_argument("--prior-click-rate", type=float, default=0.02)
     parser.add_argument("--prior-conversion-rate", type=float, default=0.002)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")

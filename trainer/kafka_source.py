@@ -91,8 +91,10 @@ class KafkaSource:
         queue_size: int = 8,
         dead_letter: str | None = None,
         poll_ms: int = 100,
+        pin_memory: bool = False,
     ) -> None:
         self.settings = settings
+        self.pin_memory = pin_memory
         self.topic = topic
         self.group = group
         self.max_seq_len = max_seq_len
@@ -322,6 +324,11 @@ class KafkaSource:
                 )
             except ValueError as error:
                 reason = f"invalid examples: {error}"
+            else:
+                if self.pin_memory:
+                    # Pinned here, on the decode thread, so the step's copy
+                    # to the GPU can be non-blocking.
+                    batch = batch.pin_memory()
         if batch is None or batch.size == 0:
             self._set_aside(partition, message, reason or "message holds no examples")
             batch = None
