@@ -49,6 +49,7 @@ from typing import Any
 
 import torch
 
+from benchmarks.machine import cpu_model
 from features.example_messages import (
     decode_example_message,
     encode_example_message,
@@ -77,14 +78,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def hardware() -> str:
     """CPU model, core count, Python and torch versions."""
-    model = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    model = cpu_model()
     return (
         f"{platform.machine()} {model}, {os.cpu_count()} cores, "
         f"Python {platform.python_version()}, torch {torch.__version__}"

@@ -39,20 +39,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from benchmarks.machine import cpu_model
 from pipelines.synthetic import GeneratorConfig, generate, write_dataset
 
 
 def hardware() -> dict[str, Any]:
     """CPU model, core counts and library versions of this machine."""
-    model = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as handle:
-            for line in handle:
-                if line.startswith("model name"):
-                    model = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
+    model = cpu_model()
     try:
         usable = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux

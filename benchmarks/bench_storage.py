@@ -38,6 +38,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from benchmarks.machine import cpu_model
 from features.examples import TIMELINE_SCHEMA, training_example_schema
 from features.registry import time_bucket
 from features.windows import (
@@ -55,14 +56,7 @@ LENGTHS = (256, 4096)
 
 def hardware() -> str:
     """CPU model and cores, as /proc/cpuinfo names them."""
-    model = platform.processor() or "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    model = cpu_model()
     return (
         f"{model}, {os.cpu_count()} cores, Python {platform.python_version()}, "
         f"numpy {np.__version__}, pyarrow {pa.__version__}"

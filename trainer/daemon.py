@@ -252,6 +252,16 @@ def run(config: DaemonConfig, settings: KafkaSettings) -> dict[str, Any]:
         lineage, applied = new_id, []
         source.request_commit()
 
+    def report() -> None:
+        # .item() is a host sync point: only at the log cadence and the end.
+        reporter.log(
+            step=step,
+            examples=examples,
+            loss=float(loss.item()),
+            dead_letters=source.dead_letters,
+            metrics=metrics,
+        )
+
     try:
         while True:
             item = source.next(timeout=0.05 if distributed else 0.2)
@@ -302,14 +312,7 @@ def run(config: DaemonConfig, settings: KafkaSettings) -> dict[str, Any]:
             source.iteration_done()
             stepped = int(any(int(r[HAS_BATCH]) for r in everyone))
             if stepped and step % config.log_every == 0:
-                # .item() is a host sync point: only at the log cadence.
-                reporter.log(
-                    step=step,
-                    examples=examples,
-                    loss=float(loss.item()),
-                    dead_letters=source.dead_letters,
-                    metrics=metrics,
-                )
+                report()
             done = (
                 any(int(r[STOP]) for r in everyone)
                 or all(int(r[DRAINED]) for r in everyone)
@@ -320,13 +323,7 @@ def run(config: DaemonConfig, settings: KafkaSettings) -> dict[str, Any]:
             if stepped and step % config.checkpoint_every == 0:
                 checkpoint()
         checkpoint()
-        reporter.log(
-            step=step,
-            examples=examples,
-            loss=float(loss.item()),
-            dead_letters=source.dead_letters,
-            metrics=metrics,
-        )
+        report()
     finally:
         source.close()
     final = metrics
