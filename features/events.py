@@ -277,13 +277,20 @@ def validate_event_table(
         )
     n = table.num_rows
     reasons = np.full(n, None, dtype=object)
+    # Rows without a reason yet: a bool mask, much cheaper to test than
+    # ``reasons == None`` on the object array for every rule.
+    unflagged = np.ones(n, dtype=bool)
 
     def flag(mask: pa.Array | pa.ChunkedArray, reason: Any) -> None:
         """Record ``reason`` for rows where ``mask`` holds and none is set yet."""
+        # Most rules match no row: a bitmap test skips the numpy conversion.
+        if not pc.any(mask).as_py():
+            return
         hits = np.asarray(pc.fill_null(mask, False).to_numpy(zero_copy_only=False))
-        hits &= reasons == None  # noqa: E711 (elementwise on an object array)
+        hits &= unflagged
         if not hits.any():
             return
+        unflagged[hits] = False
         if callable(reason):
             idx = np.flatnonzero(hits)
             reasons[idx] = [reason(int(i)) for i in idx]
@@ -341,7 +348,7 @@ def validate_event_table(
     )
     _flag_cross_field(table, flag)
 
-    bad_rows = reasons != None  # noqa: E711
+    bad_rows = ~unflagged
     valid = table.filter(pa.array(~bad_rows))
     rejected = table.filter(pa.array(bad_rows)).append_column(
         "reason", pa.array(reasons[bad_rows].tolist(), pa.string())

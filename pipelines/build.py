@@ -4,6 +4,8 @@ feature tables (and optionally a Kafka topic of example batches).
     python -m pipelines.build --runner=DirectRunner --input DIR --output DIR \
         [--events-topic T] [--kafka-bootstrap HOST:PORT --examples-topic T] \
         [--max-seq-len N] [--shards 16]
+    python -m pipelines.build --streaming --runner=DirectRunner --input DIR \
+        --kafka-bootstrap HOST:PORT --events-topic T --examples-topic T2 ...
 
 The output layout and the counts of ``summary.json`` are the contract of
 :data:`features.feature_tables.OUTPUT_LAYOUT`; ``pipelines.reference`` writes
@@ -13,9 +15,10 @@ The stages (``pipelines/beam/``), each a composite transform named for what
 it produces; batches cross every shuffle as Arrow IPC, keyed by user shard::
 
     ReadEvents -> ValidateEvents -> DedupeEvents -> BuildTimelines -> WriteTimelines
-                       |               |      +-> CountEngagement -> BuildExamples
-                   dead letters        |                              |
-                                 feature tables          WriteExamples, PublishExamples
+                       |               |      |          +-> BuildUserSequences
+                   dead letters        |      +-> CountEngagement -> BuildExamples
+                                       |                              |
+                   ReadDimensions  feature tables        WriteExamples, PublishExamples
 
 Runner-agnostic: any ``--runner`` works; the Kafka I/O is kafka-python inside
 DoFns (Beam's cross-language Kafka transforms need a Java expansion service).
@@ -32,10 +35,10 @@ from typing import Any
 
 import apache_beam as beam
 from apache_beam.metrics.metric import MetricsFilter
-from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
 from features.events import now_ms
-from features.feature_tables import COUNT_NAMES, LAYOUT_VERSION
+from features.feature_tables import COUNT_NAMES, FEATURE_TABLES, LAYOUT_VERSION
 from pipelines.beam import io
 from pipelines.beam.counters import EXAMPLE_COUNTERS, FEATURE_ROWS, CountEngagement
 from pipelines.beam.examples import BuildExamples, BuildProfiles
@@ -44,6 +47,8 @@ from pipelines.beam.timelines import BuildTimelines, BuildUserSequences, DedupeE
 from pipelines.beam.validate import METRICS_NAMESPACE, ValidateEvents
 
 OUTPUT_DIRS = ("examples", "timelines", "feature_tables", "dead_letters")
+# Feature tables gathered from per-shard pieces; user_sequence is built whole.
+PIECEWISE_TABLES = tuple(name for name in FEATURE_TABLES if name != "user_sequence")
 
 
 def run(argv: list[str] | None = None) -> dict[str, Any]:
@@ -54,6 +59,12 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
             (raised before the pipeline starts, naming the file).
     """
     pipeline_options = PipelineOptions(argv)
+    if pipeline_options.view_as(StandardOptions).streaming:
+        # Streaming mode: events from Kafka, examples to Kafka, Feast pushes
+        # (pipelines/streaming/; its flags are documented there).
+        from pipelines.streaming.job import run as run_streaming
+
+        return run_streaming(argv)
     options = pipeline_options.view_as(GemBuildOptions)
     if not options.input or not options.output:
         raise SystemExit("--input and --output are required")
@@ -72,9 +83,8 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
     started = time.monotonic()
 
     pipeline = beam.Pipeline(options=pipeline_options)
-    users = pipeline | "ReadUsers" >> io.ReadDimension(options.input, "users")
-    ads = pipeline | "ReadAds" >> io.ReadDimension(options.input, "ads")
-    contents = pipeline | "ReadContents" >> io.ReadDimension(options.input, "contents")
+    dimensions = pipeline | "ReadDimensions" >> io.ReadDimensions(options.input)
+    users, ads, contents = dimensions.users, dimensions.ads, dimensions.contents
 
     raw = [pipeline | "ReadEvents" >> io.ReadEvents(files)]
     if options.events_topic:
@@ -105,15 +115,12 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
     _ = timelines | "WriteTimelines" >> io.WriteTimelines(output)
 
     profiles = (users, ads) | "BuildProfiles" >> BuildProfiles()
+    _ = (profiles, counters[FEATURE_ROWS]) | "WriteFeatureTables" >> (
+        io.WriteFeatureTables(output, names=PIECEWISE_TABLES)
+    )
     sequences = timelines | "BuildUserSequences" >> BuildUserSequences()
-    _ = (
-        (
-            profiles,
-            counters[FEATURE_ROWS],
-            sequences,
-        )
-        | "FeatureTableRows" >> beam.Flatten()
-        | "WriteFeatureTables" >> (io.WriteFeatureTables(output))
+    _ = sequences | "WriteUserSequences" >> io.WriteFeatureTable(
+        output, "user_sequence"
     )
 
     if options.examples_topic:

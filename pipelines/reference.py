@@ -78,6 +78,12 @@ from features.registry import (
     string_bucket,
 )
 from features.windows import TIMELINE_SEQUENCE_COLUMNS, window_positions
+from pipelines.beam.kernels import (
+    WindowCounter,
+    distinct_sorted,
+    first_of_each,
+    timeline_order,
+)
 
 I64 = npt.NDArray[np.int64]
 
@@ -125,48 +131,6 @@ def _vocab_ids(column: pa.ChunkedArray | pa.Array, values: tuple[str, ...]) -> I
     """Vocabulary ids (1-based, 0 for null or unknown) of a string column."""
     index = pc.index_in(column, value_set=pa.array(values, pa.string()))
     return _ints(index, missing=-1) + 1
-
-
-def _count_in_ranges(
-    event_key: I64,
-    event_time: I64,
-    query_key: I64,
-    stop: I64,
-    starts: Mapping[str, I64],
-) -> dict[str, I64]:
-    """For each query and each start: events with its key, time in ``[start, stop)``.
-
-    Per-key sorted times and ``searchsorted``: each (key, time) is folded into
-    one int64 ``rank(key) * span + (time - low)``, so one sorted array holds
-    every key's times in order; ``side='left'`` at both ends counts times
-    ``>= start`` and ``< stop`` (strictly before ``stop``). Queries are looked
-    up in sorted order (numpy's binary search is much faster on sorted needles).
-
-    Args:
-        event_key, event_time: (E,) the events.
-        query_key, stop: (Q,) the queries (times in ms).
-        starts: name -> (Q,) range starts (each <= stop).
-
-    Returns:
-        name -> (Q,) int64 counts.
-    """
-    times = np.concatenate([event_time, stop, *starts.values()])
-    low = int(times.min()) if times.size else 0
-    span = int(times.max()) - low + 1 if times.size else 1
-    keys = np.unique(np.concatenate([event_key, query_key]))
-    if keys.size * float(span) >= 2.0**62:
-        raise ValueError("too many keys over too long a period to fold into int64")
-    folded = np.sort(np.searchsorted(keys, event_key) * span + (event_time - low))
-    base = np.searchsorted(keys, query_key) * span - low
-    order = np.argsort(base + stop, kind="stable")
-    upper = np.searchsorted(folded, (base + stop)[order], side="left")
-    counts = {}
-    for name, start in starts.items():
-        lower = np.searchsorted(folded, (base + start)[order], side="left")
-        count = np.empty(query_key.size, dtype=np.int64)
-        count[order] = upper - lower
-        counts[name] = count
-    return counts
 
 
 def _as_of(key: I64, time_ms: I64, table: pd.DataFrame, key_name: str) -> pd.DataFrame:
@@ -259,13 +223,10 @@ class _Events:
 
 def _distinct_sorted(valid: pa.Table) -> _Events:
     """Each event_id once (first copy in input order), in distinct time order."""
-    ids = valid.column("event_id").combine_chunks().dictionary_encode().indices
-    _, first = np.unique(np.asarray(ids.to_numpy()), return_index=True)
-    distinct = valid.take(pa.array(np.sort(first)))
-    order = pc.sort_indices(
-        distinct, sort_keys=[("event_time", "ascending"), ("event_id", "ascending")]
-    )
-    table = distinct.take(order)
+    distinct = valid.take(pa.array(first_of_each(valid.column("event_id"))))
+    # Integer sort on time; only events with equal times compare their ids.
+    order = timeline_order([_ints(distinct.column("event_time"))], distinct["event_id"])
+    table = distinct.take(pa.array(order))
     action = _vocab_ids(table.column("action"), vocab.ACTIONS)
     return _Events(
         table=table,
@@ -301,27 +262,40 @@ def _labels(events: _Events, impressions: I64) -> dict[str, npt.NDArray[np.int8]
     return labels
 
 
-def _counters(
-    events: _Events, entity: str, key: I64, time_ms: I64
-) -> dict[str, npt.NDArray[np.float32]]:
-    """The 9 counters of ``entity`` at each (key, time) query, float32."""
-    starts = {window: time_ms - WINDOW_MS[window] for window in COUNTER_WINDOWS}
-    out = {}
-    for action in COUNTER_ACTIONS:
-        rows = events.action == _ACTION_ID[action]
-        counts = _count_in_ranges(
-            events.entity(entity)[rows], events.time[rows], key, time_ms, starts
+def _window_counters(events: _Events) -> dict[str, WindowCounter]:
+    """Per entity kind, the windowed counts of its ad events (by action)."""
+    code = np.zeros(events.action.size, dtype=np.int64)
+    for number, action in enumerate(COUNTER_ACTIONS, start=1):
+        code[events.action == _ACTION_ID[action]] = number
+    windows = tuple(WINDOW_MS[w] for w in COUNTER_WINDOWS)
+    ad = events.is_ad
+    return {
+        entity: WindowCounter(
+            events.entity(entity)[ad],
+            events.time[ad],
+            code[ad],
+            len(COUNTER_ACTIONS),
+            windows,
         )
-        for window, count in counts.items():
-            out[f"{entity}_{action}_count_{window}"] = count.astype(np.float32)
-    return out
+        for entity in COUNTER_ENTITIES
+    }
+
+
+def _counter_columns(
+    entity: str, counts: list[list[I64]]
+) -> dict[str, npt.NDArray[np.float32]]:
+    """``counts[action][window]`` as the float32 counter columns of ``entity``."""
+    return {
+        f"{entity}_{action}_count_{window}": count.astype(np.float32)
+        for action, per_window in zip(COUNTER_ACTIONS, counts, strict=True)
+        for window, count in zip(COUNTER_WINDOWS, per_window, strict=True)
+    }
 
 
 def _timeline_cut(events: _Events, user: I64, time_ms: I64) -> I64:
     """Events of each user (any action) strictly before each time."""
-    since_ever = np.full(user.size, events.time.min(initial=0))
-    starts = {"cut": np.minimum(since_ever, time_ms)}
-    return _count_in_ranges(events.user, events.time, user, time_ms, starts)["cut"]
+    every = WindowCounter(events.user, events.time, np.ones_like(events.user), 1, ())
+    return every.before(user, time_ms)[0]
 
 
 def _timelines(
@@ -359,7 +333,9 @@ def _timelines(
     }
     # Events are in (time, id) order already; a stable sort by user keeps it.
     order = np.argsort(events.user, kind="stable")
-    users, starts = np.unique(events.user[order], return_index=True)
+    sorted_users = events.user[order]
+    starts = np.flatnonzero(np.diff(sorted_users, prepend=sorted_users[:1] - 1))
+    users = sorted_users[starts]
     offsets = pa.array(np.append(starts, order.size).astype(np.int32), pa.int32())
     arrays: list[pa.Array] = [pa.array(users, pa.int64())]
     for field in TIMELINE_SCHEMA:
@@ -377,6 +353,7 @@ def _examples(
     events: _Events,
     user_attributes: pd.DataFrame,
     ad_attributes: pd.DataFrame,
+    counters: Mapping[str, WindowCounter],
 ) -> pa.Table:
     """One training example per distinct impression, sorted by example_id."""
     table = events.table
@@ -409,7 +386,8 @@ def _examples(
     columns["surface"] = _vocab_ids(rows.column("surface"), vocab.SURFACES)
     columns["hour_of_day"] = (t // HOUR_MS) % 24 + 1
     for entity in COUNTER_ENTITIES:
-        columns |= _counters(events, entity, events.entity(entity)[imp], t)
+        counts = counters[entity].count(events.entity(entity)[imp], t)
+        columns |= _counter_columns(entity, counts)
     columns["timeline_cut"] = _timeline_cut(events, user, t)
     schema = training_example_schema()
     examples = pa.Table.from_arrays(
@@ -437,19 +415,16 @@ def _frame_table(frame: pd.DataFrame, name: str) -> pa.Table:
     return pa.Table.from_arrays(arrays, schema=spec.schema)
 
 
-def _counter_table(events: _Events, entity: str) -> pa.Table:
+def _counter_table(counter: WindowCounter, entity: str) -> pa.Table:
     """``<entity>_counters``: a row at each distinct ad event time of the entity."""
-    key = events.entity(entity)[events.is_ad]
-    time_ms = events.time[events.is_ad]
-    points = pd.DataFrame({f"{entity}_id": key, EVENT_TIMESTAMP: time_ms})
-    points = points.drop_duplicates().reset_index(drop=True)
-    counters = _counters(
-        events,
-        entity,
-        points[f"{entity}_id"].to_numpy(),
-        points[EVENT_TIMESTAMP].to_numpy(),
+    key, time_ms = counter.point_entities()
+    frame = pd.DataFrame(
+        {
+            f"{entity}_id": key,
+            EVENT_TIMESTAMP: time_ms,
+            **_counter_columns(entity, counter.count_at_points()),
+        }
     )
-    frame = pd.concat([points, pd.DataFrame(counters)], axis=1)
     return _frame_table(frame, f"{entity}_counters")
 
 
@@ -486,6 +461,7 @@ def _feature_tables(
     timelines: pa.Table,
     user_attributes: pd.DataFrame,
     ad_attributes: pd.DataFrame,
+    counters: Mapping[str, WindowCounter],
 ) -> dict[str, pa.Table]:
     users = user_attributes.rename(columns={"updated_at": EVENT_TIMESTAMP})
     ads = ad_attributes.rename(columns={"updated_at": EVENT_TIMESTAMP})
@@ -498,7 +474,7 @@ def _feature_tables(
         ),
     }
     for entity in COUNTER_ENTITIES:
-        tables[f"{entity}_counters"] = _counter_table(events, entity)
+        tables[f"{entity}_counters"] = _counter_table(counters[entity], entity)
     tables["user_sequence"] = _user_sequence_table(events, timelines)
     return tables
 
@@ -531,7 +507,8 @@ def build_reference(
     user_attributes = _user_attributes(users)
     ad_attributes = _ad_attributes(ads)
     timelines, _ = _timelines(distinct, ad_attributes, contents)
-    examples = _examples(distinct, user_attributes, ad_attributes)
+    counters = _window_counters(distinct)
+    examples = _examples(distinct, user_attributes, ad_attributes, counters)
     counts = {
         "events_read": events.num_rows,
         "events_valid": valid.num_rows,
@@ -552,7 +529,7 @@ def build_reference(
         dead_letters=dead_letters,
         counts=counts,
         feature_tables=_feature_tables(
-            distinct, timelines, user_attributes, ad_attributes
+            distinct, timelines, user_attributes, ad_attributes, counters
         ),
     )
 
@@ -589,7 +566,7 @@ def write_output(output: ReferenceOutput, out: Path, *, now_ms: int) -> None:
     :data:`features.feature_tables.OUTPUT_LAYOUT` (one part-0 per folder)."""
     examples = output.examples
     days = _ints(examples.column("event_time")) // DAY_MS
-    for day in np.unique(days):
+    for day in distinct_sorted(days):
         date = str(np.datetime64(int(day), "D"))
         part = out / "examples" / f"date={date}" / "part-0.parquet"
         part.parent.mkdir(parents=True, exist_ok=True)

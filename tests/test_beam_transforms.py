@@ -29,6 +29,7 @@ from pipelines.beam.arrow import (
 )
 from pipelines.beam.counters import EXAMPLE_COUNTERS, FEATURE_ROWS, CountEngagement
 from pipelines.beam.examples import BuildExamples
+from pipelines.beam.kernels import WindowCounter, first_of_each, timeline_order
 from pipelines.beam.timelines import BuildTimelines, DedupeEvents
 from pipelines.beam.validate import RawEvents, ValidateEvents, ValidateEventsFn
 
@@ -266,6 +267,78 @@ def test_kernels() -> None:
         (50, 150),
     )
     assert [c.tolist() for c in counts] == [[0], [1]]
+
+
+# The kernels shared with the reference, against brute force on small random
+# inputs (ties, unknown entities, times before / after every event).
+_SMALL_INTS = st.lists(st.integers(0, 5), max_size=30)
+
+
+def _columns(rows: list[tuple[int, ...]], width: int) -> list[np.ndarray]:
+    """Columns of int tuples as int64 arrays (empty ones for no rows)."""
+    table = np.array(rows, dtype=np.int64).reshape(-1, width)
+    return [table[:, i] for i in range(width)]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    events=st.lists(
+        st.tuples(st.integers(0, 4), st.integers(0, 60), st.integers(0, 3)),
+        max_size=40,
+    ),
+    queries=st.lists(st.tuples(st.integers(0, 6), st.integers(-80, 150)), max_size=15),
+)
+def test_window_counter_counts_like_brute_force(
+    events: list[tuple[int, int, int]], queries: list[tuple[int, int]]
+) -> None:
+    ids, times, actions = _columns(events, 3)
+    query_ids, query_times = _columns(queries, 2)
+    windows = (1, 10, 45)
+    counter = WindowCounter(ids, times, actions, 3, windows)
+    counts = counter.count(query_ids, query_times)
+    before = counter.before(query_ids, query_times)
+    for code in (1, 2, 3):
+        mine = (actions == code)[None, :] & (ids[None, :] == query_ids[:, None])
+        earlier = mine & (times[None, :] < query_times[:, None])
+        assert before[code - 1].tolist() == earlier.sum(axis=1).tolist()
+        for window, got in zip(windows, counts[code - 1], strict=True):
+            inside = earlier & (times[None, :] >= query_times[:, None] - window)
+            assert got.tolist() == inside.sum(axis=1).tolist()
+    # At the distinct event keys, count_at_points agrees with count.
+    point_ids, point_times = counter.point_entities()
+    assert sorted(set(zip(ids.tolist(), times.tolist(), strict=True))) == list(
+        zip(point_ids.tolist(), point_times.tolist(), strict=True)
+    )
+    at_points = counter.count_at_points()
+    again = counter.count(point_ids, point_times)
+    for a in range(3):
+        for w in range(len(windows)):
+            assert at_points[a][w].tolist() == again[a][w].tolist()
+
+
+@settings(max_examples=60, deadline=None)
+@given(users=_SMALL_INTS, data=st.data())
+def test_timeline_order_and_first_of_each(
+    users: list[int], data: st.DataObject
+) -> None:
+    n = len(users)
+    times = data.draw(st.lists(st.integers(0, 3), min_size=n, max_size=n))
+    ids = data.draw(
+        st.lists(
+            st.sampled_from(["a", "b", "ab", "B", "é", ""]), min_size=n, max_size=n
+        )
+    )
+    order = timeline_order(
+        [np.array(users, np.int64), np.array(times, np.int64)],
+        pa.array(ids, pa.string()),
+    )
+    expected = sorted(range(n), key=lambda i: (users[i], times[i], ids[i].encode()))
+    key = [(users[i], times[i], ids[i]) for i in order.tolist()]
+    assert key == [(users[i], times[i], ids[i]) for i in expected]
+    first = first_of_each(pa.array(ids, pa.string()))
+    assert first.tolist() == sorted(
+        {v: i for i, v in reversed(list(enumerate(ids)))}.values()
+    )
 
 
 # --- the parser under corrupted input --------------------------------------

@@ -4,9 +4,10 @@ One module per job, each stage a composite ``PTransform`` named for what it
 produces:
 
 - :mod:`~pipelines.beam.options`: ``GemBuildOptions`` (the CLI flags);
-- :mod:`~pipelines.beam.io`: ``ReadEvents``, ``ReadDimension``,
-  ``WriteExamples``, ``WriteTimelines``, ``WriteFeatureTables``,
-  ``WriteDeadLetters``, and the early input checks;
+- :mod:`~pipelines.beam.io`: ``ReadEvents``, ``ReadDimensions`` (and
+  ``ReadDimension``), ``WriteExamples``, ``WriteTimelines``,
+  ``WriteFeatureTables``, ``WriteFeatureTable``, ``WriteDeadLetters``, and
+  the early input checks;
 - :mod:`~pipelines.beam.validate`: ``ValidateEvents`` (dead letters as a
   tagged output);
 - :mod:`~pipelines.beam.timelines`: ``DedupeEvents``, ``BuildTimelines``,
@@ -16,7 +17,10 @@ produces:
 - :mod:`~pipelines.beam.examples`: ``BuildExamples``, ``BuildProfiles``;
 - :mod:`~pipelines.beam.kafka_io`: ``ReadKafkaEvents``, ``PublishExamples``;
 - :mod:`~pipelines.beam.arrow`: the Arrow IPC coder, sharding and the
-  vectorized kernels (as-of lookup, windowed counts).
+  as-of lookup;
+- :mod:`~pipelines.beam.kernels`: vectorized kernels shared with
+  ``pipelines.reference`` (no Beam import): timeline order, first copy of
+  each id, windowed counts.
 
 Elements are Arrow tables keyed by shard, processed whole with numpy /
 pyarrow; every shuffle carries Arrow IPC bytes.

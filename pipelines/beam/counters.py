@@ -9,7 +9,8 @@ over all user shards, so they take a second keyed aggregation:
 1. each user shard sends, per entity kind, its distinct ad events and its
    impressions ("queries": entity, time, and where the answer goes back to:
    the user shard and the impression's ordinal there) to the shard of the
-   entity id (``kind * shards + hash(id) mod shards``), as Arrow IPC;
+   entity id (``kind * E + hash(id) mod E``, E = :func:`entity_shard_count`),
+   as Arrow IPC;
 2. each entity shard counts for its queries, vectorized, and sends the
    counters back keyed by user shard, with the ordinals.
 
@@ -42,13 +43,13 @@ from pipelines.beam.arrow import (
     ShardedTable,
     TaggedIpc,
     concat,
-    count_in_windows,
     ipc_to_table,
     shard_of,
     split_by_shard,
     table_to_ipc,
     to_int64,
 )
+from pipelines.beam.kernels import WindowCounter
 
 ENTITY_KINDS: Final = ("ad", "advertiser")
 EXAMPLE_COUNTERS = "example_counters"
@@ -66,6 +67,18 @@ ENTITY_ROWS_SCHEMA: Final = pa.schema(
         pa.field("ordinal", pa.int64(), False),
     ]
 )
+
+
+def entity_shard_count(user_shards: int) -> int:
+    """Shards per entity kind (ad, advertiser) for ``user_shards`` user shards.
+
+    Every user shard sends one piece to every entity shard and gets one back,
+    so pieces grow as their product; a quarter as many entity shards keeps
+    the pieces few and large (each Arrow IPC piece has a fixed cost) while
+    still spreading the work over several workers.
+    """
+    return max(1, user_shards // 4)
+
 
 ExampleCounters = tuple[int, TaggedIpc]
 """``(user shard, (entity kind, IPC of ordinal + that kind's 9 counters))``."""
@@ -94,39 +107,46 @@ def entity_counters(
         query_ids: entity of each query.
         query_times: query time ``t``; counted: ``[t - window, t)``.
     """
+    counter = _window_counter(event_ids, event_times, event_actions)
+    return _named(entity, counter.count(query_ids, query_times))
+
+
+def _window_counter(
+    event_ids: IntArray, event_times: IntArray, event_actions: IntArray
+) -> WindowCounter:
+    return WindowCounter(
+        event_ids, event_times, event_actions, len(COUNTER_ACTIONS), WINDOWS_MS
+    )
+
+
+def _named(entity: str, counts: list[list[IntArray]]) -> dict[str, Any]:
+    """``counts[action][window]`` as float32 columns named by counter_names."""
     names = iter(counter_names(entity))
-    out: dict[str, Any] = {}
-    for code in range(1, len(COUNTER_ACTIONS) + 1):
-        hit = event_actions == code
-        counts = count_in_windows(
-            event_ids[hit], event_times[hit], query_ids, query_times, WINDOWS_MS
-        )
-        for count in counts:
-            out[next(names)] = count.astype(np.float32)
-    return out
+    return {
+        next(names): count.astype(np.float32)
+        for per_action in counts
+        for count in per_action
+    }
 
 
 def counter_rows(
     entity: str, event_ids: IntArray, event_times: IntArray, event_actions: IntArray
 ) -> pa.Table:
     """The ``{entity}_counters`` feature rows: one per distinct (entity, event time)."""
+    return _counter_rows(entity, _window_counter(event_ids, event_times, event_actions))
+
+
+def _counter_rows(entity: str, counter: WindowCounter) -> pa.Table:
+    """Feature rows at the counter's distinct keys, in (entity, time) order."""
     spec = FEATURE_TABLES[f"{entity}_counters"]
-    # Distinct (id, time) pairs in (id, time) order: sort, keep run starts.
-    order = np.lexsort((event_times, event_ids))
-    ids, times = event_ids[order], event_times[order]
-    first = np.ones(ids.size, dtype=bool)
-    first[1:] = (ids[1:] != ids[:-1]) | (times[1:] != times[:-1])
-    ids, times = ids[first], times[first]
-    counters = entity_counters(
-        entity, event_ids, event_times, event_actions, ids, times
-    )
+    ids, times = counter.point_entities()
     columns: dict[str, Any] = {
         spec.entity: pa.array(ids, pa.int64()),
         "event_timestamp": pa.array(times, pa.int64()).cast(
             spec.schema.field("event_timestamp").type
         ),
     }
-    columns.update(counters)
+    columns.update(_named(entity, counter.count_at_points()))
     return pa.Table.from_pydict(columns, schema=spec.schema)
 
 
@@ -160,20 +180,15 @@ class CountUserShardFn(beam.DoFn):  # type: ignore[misc]
         query_times = to_int64(impressions.column("event_time"))
         ordinals = np.arange(impressions.num_rows, dtype=np.int64)
 
-        users = to_int64(ads.column("user_id"))
-        counters = entity_counters(
-            "user",
-            users,
-            times,
-            actions,
-            to_int64(impressions.column("user_id")),
-            query_times,
+        counter = _window_counter(to_int64(ads.column("user_id")), times, actions)
+        counters = _named(
+            "user", counter.count(to_int64(impressions.column("user_id")), query_times)
         )
         yield pvalue.TaggedOutput(
             EXAMPLE_COUNTERS,
             (shard, ("user", table_to_ipc(_counter_table(ordinals, counters)))),
         )
-        rows = counter_rows("user", users, times, actions)
+        rows = _counter_rows("user", counter)
         yield pvalue.TaggedOutput(FEATURE_ROWS, ("user_counters", table_to_ipc(rows)))
 
         for kind_index, kind in enumerate(ENTITY_KINDS):
@@ -199,9 +214,10 @@ class CountUserShardFn(beam.DoFn):  # type: ignore[misc]
                 },
                 schema=ENTITY_ROWS_SCHEMA,
             )
-            targets = shard_of(to_int64(rows.column("entity_id")), self._shards)
+            entity_shards = entity_shard_count(self._shards)
+            targets = shard_of(to_int64(rows.column("entity_id")), entity_shards)
             for target, part in split_by_shard(rows, targets):
-                yield kind_index * self._shards + target, table_to_ipc(part)
+                yield kind_index * entity_shards + target, table_to_ipc(part)
 
 
 def _action_codes(ad_events: pa.Table) -> IntArray:
@@ -219,32 +235,19 @@ class CountEntityShardFn(beam.DoFn):  # type: ignore[misc]
     def process(self, element: tuple[int, Iterable[bytes]]) -> Iterator[Any]:
         """Answer each user shard's queries; emit the feature rows."""
         key, parts = element
-        kind = ENTITY_KINDS[key // self._shards]
+        kind = ENTITY_KINDS[key // entity_shard_count(self._shards)]
         rows = concat([ipc_to_table(p) for p in parts], ENTITY_ROWS_SCHEMA)
         ids = to_int64(rows.column("entity_id"))
         times = to_int64(rows.column("time_ms"))
         actions = to_int64(rows.column("action"))
         is_event = actions > 0
+        counter = _window_counter(ids[is_event], times[is_event], actions[is_event])
         yield pvalue.TaggedOutput(
             FEATURE_ROWS,
-            (
-                f"{kind}_counters",
-                table_to_ipc(
-                    counter_rows(
-                        kind, ids[is_event], times[is_event], actions[is_event]
-                    )
-                ),
-            ),
+            (f"{kind}_counters", table_to_ipc(_counter_rows(kind, counter))),
         )
         query = ~is_event
-        counters = entity_counters(
-            kind,
-            ids[is_event],
-            times[is_event],
-            actions[is_event],
-            ids[query],
-            times[query],
-        )
+        counters = _named(kind, counter.count(ids[query], times[query]))
         answers = _counter_table(to_int64(rows.column("ordinal"))[query], counters)
         user_shards = to_int64(rows.column("user_shard"))[query]
         for user_shard, part in split_by_shard(answers, user_shards):
@@ -277,17 +280,16 @@ class CountEngagement(beam.PTransform):  # type: ignore[misc]
                 FEATURE_ROWS, main=EXAMPLE_COUNTERS
             )
         )
+        # Typed Flattens (no identity Map after them): the next shuffle then
+        # uses a bytes coder, and a runner does not copy the pieces once more.
         example_counters = (
-            (local[EXAMPLE_COUNTERS], entity[EXAMPLE_COUNTERS])
-            | "AllExampleCounters" >> beam.Flatten()
-            | "TypeExampleCounters"
-            >> beam.Map(_same).with_output_types(ExampleCounters)
-        )
+            local[EXAMPLE_COUNTERS],
+            entity[EXAMPLE_COUNTERS],
+        ) | "AllExampleCounters" >> beam.Flatten().with_output_types(ExampleCounters)
         feature_rows = (
-            (local[FEATURE_ROWS], entity[FEATURE_ROWS])
-            | "AllFeatureRows" >> beam.Flatten()
-            | "TypeFeatureRows" >> beam.Map(_same).with_output_types(TaggedIpc)
-        )
+            local[FEATURE_ROWS],
+            entity[FEATURE_ROWS],
+        ) | "AllFeatureRows" >> beam.Flatten().with_output_types(TaggedIpc)
         return {EXAMPLE_COUNTERS: example_counters, FEATURE_ROWS: feature_rows}
 
 

@@ -156,7 +156,9 @@ class BuildProfiles(beam.PTransform):  # type: ignore[misc]
         ad_rows = ads | "AdProfiles" >> beam.Map(
             lambda t: ("ad_profile", table_to_ipc(profile_rows("ad_profile", t)))
         ).with_output_types(TaggedIpc)
-        return (user_rows, ad_rows) | "Profiles" >> beam.Flatten()
+        return (user_rows, ad_rows) | "Profiles" >> beam.Flatten().with_output_types(
+            TaggedIpc
+        )
 
 
 def example_bases(events: pa.Table, users: pa.Table, ads: pa.Table) -> pa.Table:
@@ -296,7 +298,8 @@ class BuildExamples(beam.PTransform):  # type: ignore[misc]
         ).with_output_types(tuple[int, TaggedIpc])
         return (
             (bases, self._counters)
-            | "BasesAndCounters" >> beam.Flatten()
+            | "BasesAndCounters"
+            >> beam.Flatten().with_output_types(tuple[int, TaggedIpc])
             | "GroupByShard" >> beam.GroupByKey()
             | "JoinCounters" >> beam.Map(_join).with_output_types(ShardedTable)
         )

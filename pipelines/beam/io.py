@@ -17,13 +17,14 @@ import datetime as dt
 import io
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 import apache_beam as beam
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+from apache_beam import pvalue
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
@@ -39,6 +40,7 @@ from pipelines.beam.arrow import (
     table_to_ipc,
     to_int64,
 )
+from pipelines.beam.kernels import distinct_sorted, timeline_order
 from pipelines.beam.validate import METRICS_NAMESPACE, RawEvents
 
 PARQUET_BATCH_ROWS: Final = 262_144
@@ -157,8 +159,9 @@ class ReadEvents(beam.PTransform):  # type: ignore[misc]
         """Files, spread over workers, each read in batches."""
         return (
             pbegin
-            | "ListFiles" >> beam.Create(self._files)
-            # Spread files over workers: Create alone keeps them in one bundle.
+            # One reshuffle, ours, spreads the files over workers (Create's
+            # own would be a second one: more transforms, one more stage).
+            | "ListFiles" >> beam.Create(self._files, reshuffle=False)
             | "SpreadFiles" >> beam.Reshuffle()
             | "ReadFiles" >> beam.ParDo(ReadEventFileFn()).with_output_types(RawEvents)
         )
@@ -208,6 +211,44 @@ class ReadDimension(beam.PTransform):  # type: ignore[misc]
         )
 
 
+class ReadDimensionFn(beam.DoFn):  # type: ignore[misc]
+    """A dimension table's name in, the table out on the output of that name."""
+
+    def __init__(self, input_dir: str) -> None:
+        self._input_dir = input_dir
+
+    def process(self, name: str) -> Iterator[pvalue.TaggedOutput]:
+        """Read ``<input>/<name>.parquet`` (empty when absent)."""
+        path = str(Path(self._input_dir) / f"{name}.parquet")
+        yield pvalue.TaggedOutput(name, read_dimension(path, DIMENSION_SCHEMAS[name]))
+
+
+class ReadDimensions(beam.PTransform):  # type: ignore[misc]
+    """The ``users``, ``ads`` and ``contents`` tables, one element each.
+
+    One read step with an output per table (rather than one
+    :class:`ReadDimension` each): the tables are small side inputs, and every
+    extra step costs the runner fixed start-up work.
+
+    Returns a ``DoOutputsTuple``: ``.users``, ``.ads``, ``.contents``.
+    """
+
+    def __init__(self, input_dir: str) -> None:
+        super().__init__()
+        self._input_dir = input_dir
+
+    def expand(self, pbegin: beam.pvalue.PBegin) -> Any:
+        """Read each table in a DoFn (not at construction)."""
+        return (
+            pbegin
+            | "Names" >> beam.Create(list(DIMENSION_SCHEMAS), reshuffle=False)
+            | "Read"
+            >> beam.ParDo(ReadDimensionFn(self._input_dir)).with_outputs(
+                *DIMENSION_SCHEMAS
+            )
+        )
+
+
 def write_parquet(table: pa.Table, path: str) -> None:
     """Write one Parquet file through Beam's filesystems (local, GCS, S3...)."""
     buffer = io.BytesIO()
@@ -224,13 +265,19 @@ def _day(day: int) -> str:
 def day_parts(table: pa.Table) -> Iterator[tuple[str, pa.Table]]:
     """Rows of ``table`` by the UTC day of ``event_time``, as ``(YYYY-MM-DD, rows)``."""
     days = to_int64(table.column("event_time")) // DAY_MS
-    for day in np.unique(days):
+    for day in distinct_sorted(days):
         rows = table.filter(pa.array(days == day))
         yield _day(int(day)), rows
 
 
 class WriteExamplesFn(beam.DoFn):  # type: ignore[misc]
-    """Write a shard's examples: one part per (day, shard), sorted by example_id."""
+    """Write a shard's examples: one part per (day, shard), in impression time
+    order (ties by example_id).
+
+    Time order is what a time-forward reader wants, and an integer sort; the
+    layout leaves the order within parts open (the reference's one part per
+    day is sorted by example_id, a string sort of every example).
+    """
 
     def __init__(self, output: str) -> None:
         self._output = output
@@ -242,7 +289,10 @@ class WriteExamplesFn(beam.DoFn):  # type: ignore[misc]
         schema = training_example_schema()
         for day, rows in day_parts(examples):
             path = f"{self._output}/examples/date={day}/part-{shard:05d}.parquet"
-            write_parquet(rows.sort_by("example_id").cast(schema), path)
+            order = timeline_order(
+                [to_int64(rows.column("event_time"))], rows.column("example_id")
+            )
+            write_parquet(rows.take(pa.array(order)).cast(schema), path)
             yield path
         self.examples.inc(examples.num_rows)
 
@@ -273,7 +323,12 @@ class WriteTimelines(beam.PTransform):  # type: ignore[misc]
         def write(element: ShardedTable) -> str:
             shard, table = element
             path = f"{output}/timelines/part-{shard:05d}.parquet"
-            write_parquet(table.sort_by("user_id").cast(TIMELINE_SCHEMA), path)
+            users = to_int64(table.column("user_id"))
+            # BuildTimelines already emits users in order: skip reordering
+            # the list columns then (a copy of every event).
+            if np.any(users[1:] < users[:-1]):
+                table = table.sort_by("user_id")
+            write_parquet(table.cast(TIMELINE_SCHEMA), path)
             return path
 
         return timelines | "WriteParts" >> beam.Map(write)
@@ -284,27 +339,30 @@ class WriteFeatureTables(beam.PTransform):  # type: ignore[misc]
 
     Pieces of a table come from every shard; one GroupByKey per table name
     gathers them (as Arrow IPC) so each table is one file, sorted by (entity,
-    event_timestamp). Every table is written, empty ones included.
+    event_timestamp). Every table of ``names`` is written, empty ones included.
+
+    Applied to one PCollection of pieces or a tuple of them: they are
+    flattened once, straight into the GroupByKey (each chained Flatten costs a
+    runner like FnApiRunner one more pass over the bytes).
     """
 
-    def __init__(self, output: str) -> None:
+    def __init__(self, output: str, names: Iterable[str] | None = None) -> None:
         super().__init__()
         self._output = output
+        self._names = list(FEATURE_TABLES if names is None else names)
 
-    def expand(self, pieces: beam.PCollection) -> beam.PCollection:
+    def expand(self, pieces: beam.PCollection | tuple[beam.PCollection, ...]) -> Any:
         """Group by table name, concatenate, sort and write."""
         output = self._output
-        empties = (
-            pieces.pipeline
-            | "EveryTable" >> beam.Create(list(FEATURE_TABLES))
-            | "EmptyPiece"
-            >> beam.Map(
-                lambda name: (
-                    name,
-                    table_to_ipc(FEATURE_TABLES[name].schema.empty_table()),
-                )
-            ).with_output_types(TaggedIpc)
-        )
+        inputs = pieces if isinstance(pieces, tuple) else (pieces,)
+        # An empty piece of every table, so that each is written.
+        empties = inputs[0].pipeline | "EmptyPieces" >> beam.Create(
+            [
+                (name, table_to_ipc(FEATURE_TABLES[name].schema.empty_table()))
+                for name in self._names
+            ],
+            reshuffle=False,
+        ).with_output_types(TaggedIpc)
 
         def write(element: tuple[str, Iterable[bytes]]) -> str:
             name, parts = element
@@ -325,11 +383,31 @@ class WriteFeatureTables(beam.PTransform):  # type: ignore[misc]
             return path
 
         return (
-            (pieces, empties)
-            | "AllPieces" >> beam.Flatten()
+            (*inputs, empties)
+            | "AllPieces" >> beam.Flatten().with_output_types(TaggedIpc)
             | "ByTable" >> beam.GroupByKey()
             | "WriteTables" >> beam.Map(write)
         )
+
+
+class WriteFeatureTable(beam.PTransform):  # type: ignore[misc]
+    """``feature_tables/<name>.parquet`` from one whole, already sorted table."""
+
+    def __init__(self, output: str, name: str) -> None:
+        super().__init__()
+        self._output = output
+        self._name = name
+
+    def expand(self, table: beam.PCollection) -> beam.PCollection:
+        """Write the (single) table element as it is."""
+        path = f"{self._output}/feature_tables/{self._name}.parquet"
+        schema = FEATURE_TABLES[self._name].schema
+
+        def write(rows: pa.Table) -> str:
+            write_parquet(rows.cast(schema), path)
+            return path
+
+        return table | "Write" >> beam.Map(write)
 
 
 class WriteDeadLetters(beam.PTransform):  # type: ignore[misc]
