@@ -9,7 +9,7 @@ PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 DEMO_ARGS ?=
 
-.PHONY: install demo test lint format bench clean
+.PHONY: install demo demo-stream test lint format bench clean
 
 install: $(STAMP)
 
@@ -25,6 +25,11 @@ $(STAMP): requirements/lock.txt requirements/no-deps.txt pyproject.toml
 
 demo: $(STAMP)
 	$(PY) -m pipelines.demo $(DEMO_ARGS)
+
+# Streaming: generator at a steady rate -> streaming job (+ Feast pushes) ->
+# trainer daemon, with a broker pause; reports throughput and freshness.
+demo-stream: $(STAMP)
+	$(PY) -m pipelines.demo_stream $(DEMO_ARGS)
 
 test: lint
 	$(PY) -m pytest

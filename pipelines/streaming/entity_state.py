@@ -1,0 +1,249 @@
+"""Per ad / advertiser shard: the entity's recent ad events, counters when due.
+
+An impression's ad and advertiser counters need every event of that ad or
+advertiser, which come from all users, so they are kept here, keyed by
+``kind * entity_shards + shard_of(id)`` (the batch job's entity shuffle, made
+incremental). Each shard sees the impressions of its entities too, so it
+answers them by itself: once event time passes ``ceil(t + lateness)`` no
+earlier event can arrive (the reader dead-letters those), and the answer,
+the impression's 9 counters over ``[t - window, t)``, goes to the user shard
+of the impression, which holds the example until its label window closes
+(:mod:`.user_state`).
+
+Copies of an event (same ``event_id``) are counted once. Every element also
+refreshes the online counters of the entities it touched (Feast push rows).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, Final
+
+import apache_beam as beam
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from apache_beam.coders import BytesCoder, VarIntCoder
+from apache_beam.transforms.timeutil import TimeDomain
+from apache_beam.transforms.userstate import (
+    BagStateSpec,
+    ReadModifyWriteStateSpec,
+    TimerSpec,
+    on_timer,
+)
+from apache_beam.utils.timestamp import Timestamp
+
+from features.feature_tables import FEATURE_TABLES
+from features.registry import COUNTER_ACTIONS
+from pipelines.beam.arrow import IntArray, shard_of, split_by_shard, to_int64
+from pipelines.beam.counters import entity_counters
+from pipelines.streaming.config import COUNTER_HORIZON_MS, StreamConfig
+from pipelines.streaming.tables import (
+    ENTITY_EVENT_SCHEMA,
+    ENTITY_KINDS,
+    answer_schema,
+    ceil_to,
+    first_copies,
+    state_bytes,
+    state_table,
+    tables_of,
+)
+
+PUSH: Final = "push"
+_IMPRESSION: Final = COUNTER_ACTIONS.index("impression") + 1
+
+
+def entity_rows(events: pa.Table, kind: str) -> pa.Table:
+    """The ad events of a batch as ``kind`` rows (ENTITY_EVENT_SCHEMA)."""
+    index = to_int64(
+        pc.index_in(events.column("action"), value_set=pa.array(COUNTER_ACTIONS)), -1
+    )
+    ads = events.filter(pa.array(index >= 0))
+    return pa.table(
+        {
+            "event_id": ads.column("event_id"),
+            "entity_id": pa.array(to_int64(ads.column(f"{kind}_id")), pa.int64()),
+            "time_ms": pa.array(to_int64(ads.column("event_time")), pa.int64()),
+            "action": pa.array(index[index >= 0] + 1, pa.int64()),
+            "user_id": ads.column("user_id"),
+            "published_ms": ads.column("published_ms"),
+        },
+        schema=ENTITY_EVENT_SCHEMA,
+    )
+
+
+def route_entity_rows(
+    events: pa.Table, entity_shards: int
+) -> Iterator[tuple[int, pa.Table]]:
+    """``(entity key, rows)`` for both kinds (see the module docstring)."""
+    for kind_index, kind in enumerate(ENTITY_KINDS):
+        rows = entity_rows(events, kind)
+        targets = shard_of(to_int64(rows.column("entity_id")), entity_shards)
+        for shard, part in split_by_shard(rows, targets):
+            yield kind_index * entity_shards + shard, part
+
+
+def answer_due(times: IntArray, config: StreamConfig) -> IntArray:
+    """When an impression's entity counters are final."""
+    return ceil_to(times + config.allowed_lateness_ms, config.granularity_ms)
+
+
+def answer_entity_shard(
+    rows: pa.Table,
+    kind: str,
+    *,
+    answered_until: int,
+    fire: int,
+    config: StreamConfig,
+    user_shards: int,
+) -> tuple[list[tuple[int, pa.Table]], pa.Table, int | None]:
+    """Answers of the impressions due in ``(answered_until, fire]``.
+
+    Returns:
+        ``(answers by user shard, compacted rows, next due time or None)``;
+        answers are ``answer_schema(kind)`` tables.
+    """
+    rows = rows.take(pa.array(first_copies(rows.column("event_id"))))
+    ids = to_int64(rows.column("entity_id"))
+    times = to_int64(rows.column("time_ms"))
+    actions = to_int64(rows.column("action"))
+    impression = actions == _IMPRESSION
+    due = answer_due(times, config)
+    chosen = impression & (due > answered_until) & (due <= fire)
+    counters = entity_counters(kind, ids, times, actions, ids[chosen], times[chosen])
+    answers = pa.table(
+        {
+            "example_id": rows.column("event_id").take(
+                pa.array(np.flatnonzero(chosen))
+            ),
+            **{name: pa.array(v, pa.float32()) for name, v in counters.items()},
+        },
+        schema=answer_schema(kind),
+    )
+    users = to_int64(rows.column("user_id"))[chosen]
+    routed = split_by_shard(answers, shard_of(users, user_shards))
+    cutoff = (
+        fire - config.granularity_ms - config.allowed_lateness_ms - COUNTER_HORIZON_MS
+    )
+    kept = rows.filter(pa.array(times >= cutoff))
+    pending = due[impression & (due > fire)]
+    return routed, kept, (int(pending.min()) if pending.size else None)
+
+
+def entity_push_rows(rows: pa.Table, touched: IntArray, kind: str) -> pa.Table:
+    """``{kind}_counters`` rows of the touched entities, as of just after each
+    one's newest event."""
+    mine = rows.filter(pc.is_in(rows.column("entity_id"), value_set=pa.array(touched)))
+    mine = mine.take(pa.array(first_copies(mine.column("event_id"))))
+    ids = to_int64(mine.column("entity_id"))
+    times = to_int64(mine.column("time_ms"))
+    spec = FEATURE_TABLES[f"{kind}_counters"].schema
+    if ids.size == 0:
+        return spec.empty_table()
+    order = np.lexsort((times, ids))
+    last = np.r_[ids[order][1:] != ids[order][:-1], True]
+    query_ids = ids[order][last]
+    query_times = times[order][last] + 1
+    counters = entity_counters(
+        kind, ids, times, to_int64(mine.column("action")), query_ids, query_times
+    )
+    return pa.table(
+        {
+            spec.names[0]: pa.array(query_ids, pa.int64()),
+            "event_timestamp": pa.array(query_times, pa.int64()).cast(
+                spec.field("event_timestamp").type
+            ),
+            **{n: pa.array(v, pa.float32()) for n, v in counters.items()},
+        }
+    ).cast(spec)
+
+
+# State and timers (module-level: Beam finds them in the defaults).
+_ROWS = BagStateSpec("rows", BytesCoder())
+_ROWS_PARAM = beam.DoFn.StateParam(_ROWS)
+_ANSWERED = ReadModifyWriteStateSpec("answered_until", VarIntCoder())
+_ANSWERED_PARAM = beam.DoFn.StateParam(_ANSWERED)
+_DUE = ReadModifyWriteStateSpec("timer_at", VarIntCoder())
+_DUE_PARAM = beam.DoFn.StateParam(_DUE)
+_ANSWER = TimerSpec("answer", TimeDomain.WATERMARK)
+_ANSWER_PARAM = beam.DoFn.TimerParam(_ANSWER)
+
+
+class EntityShardFn(beam.DoFn):  # type: ignore[misc]
+    """The stateful stage (see the module docstring).
+
+    Input: ``(entity key, rows IPC)``. Main output: ``(user shard, (kind,
+    answers IPC))``; tagged ``push``: ``(feature table, rows IPC, published)``.
+    """
+
+    def __init__(self, config: StreamConfig, push: bool) -> None:
+        self._config = config
+        self._push = push
+
+    def _kind(self, key: int) -> str:
+        return ENTITY_KINDS[key // self._config.entity_shards]
+
+    def process(
+        self,
+        element: tuple[int, bytes],
+        rows: Any = _ROWS_PARAM,
+        timer_at: Any = _DUE_PARAM,
+        answer: Any = _ANSWER_PARAM,
+    ) -> Iterator[Any]:
+        """Keep the rows; move the timer to the earliest due impression."""
+        key, data = element
+        rows.add(data)
+        batch = state_table(data)
+        actions = to_int64(batch.column("action"))
+        times = to_int64(batch.column("time_ms"))[actions == _IMPRESSION]
+        if times.size:
+            earliest = int(answer_due(times, self._config).min())
+            current = timer_at.read()
+            if current is None or earliest < current:
+                timer_at.write(earliest)
+                answer.set(Timestamp(micros=earliest * 1000))
+        if self._push and batch.num_rows:
+            kind = self._kind(key)
+            stored = tables_of(list(rows.read()), ENTITY_EVENT_SCHEMA)
+            touched = np.unique(to_int64(batch.column("entity_id")))
+            yield beam.pvalue.TaggedOutput(
+                PUSH,
+                (
+                    f"{kind}_counters",
+                    state_bytes(entity_push_rows(stored, touched, kind)),
+                    to_int64(batch.column("published_ms")).tobytes(),
+                ),
+            )
+
+    @on_timer(_ANSWER)
+    def answer(
+        self,
+        key: Any = beam.DoFn.KeyParam,
+        fire_at: Any = beam.DoFn.TimestampParam,
+        rows: Any = _ROWS_PARAM,
+        answered: Any = _ANSWERED_PARAM,
+        timer_at: Any = _DUE_PARAM,
+        answer: Any = _ANSWER_PARAM,
+    ) -> Iterator[tuple[int, tuple[str, bytes]]]:
+        """Answer every impression due by now; compact the state."""
+        kind = self._kind(int(key))
+        fire = fire_at.micros // 1000
+        stored = tables_of(list(rows.read()), ENTITY_EVENT_SCHEMA)
+        routed, kept, next_due = answer_entity_shard(
+            stored,
+            kind,
+            answered_until=answered.read() or np.iinfo(np.int64).min,
+            fire=fire,
+            config=self._config,
+            user_shards=self._config.shards,
+        )
+        answered.write(fire)
+        rows.clear()
+        rows.add(state_bytes(kept))
+        if next_due is None:
+            timer_at.clear()
+        else:
+            timer_at.write(next_due)
+            answer.set(Timestamp(micros=next_due * 1000))
+        for user_shard, table in routed:
+            yield user_shard, (kind, state_bytes(table))

@@ -1,0 +1,270 @@
+"""``python -m pipelines.build --streaming``: the feature job on an event stream.
+
+    python -m pipelines.build --streaming --runner=DirectRunner \\
+        --kafka-bootstrap HOST:PORT --events-topic gem.events.raw \\
+        --examples-topic gem.examples --input DIR_WITH_DIMENSION_TABLES \\
+        [--feast-state-dir DIR --feast-project P] [--stream-idle-seconds 5]
+
+The stages (each a stateful DoFn keyed by shard, timers in event time)::
+
+    ReadEventStream (SDF per partition, watermark = event time)
+        |-- dead letters (invalid, too late) ----------------> <topic>.dead-letter
+        |-- ShardByEntity -> EntityShardFn (ad / advertiser counters)
+        |                        |-- answers --+            |-- push rows --+
+        '-- ShardByUser --------------------> UserShardFn                   |
+                                   |-- example messages -> PublishExamples  |
+                                   '-- push rows ----------------------> PushToFeast
+
+Runs unchanged on Flink or Dataflow (keyed state, event-time timers and an
+unbounded splittable DoFn are portable); see the README for their flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import apache_beam as beam
+from apache_beam.metrics.metric import MetricsFilter
+from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+
+from features.kafka import ensure_topics
+from pipelines.beam.options import GemBuildOptions, kafka_settings
+from pipelines.streaming.config import StreamConfig
+from pipelines.streaming.entity_state import PUSH, EntityShardFn, route_entity_rows
+from pipelines.streaming.feast_push import PushToFeastFn
+from pipelines.streaming.kafka_source import (
+    DEAD_LETTERS,
+    MARKS,
+    METRICS_NAMESPACE,
+    EventBatch,
+    ReadEventStream,
+)
+from pipelines.streaming.offsets import CommitOffsetsFn, Mark
+from pipelines.streaming.publish import PublishDeadLettersFn, PublishExampleMessagesFn
+from pipelines.streaming.tables import state_bytes
+from pipelines.streaming.user_state import UserShardFn, shard_events
+
+Keyed = tuple[int, tuple[str, bytes]]
+
+
+class StreamingOptions(PipelineOptions):  # type: ignore[misc]
+    """Flags of the streaming mode (with ``GemBuildOptions``' Kafka flags)."""
+
+    @classmethod
+    def _add_argparse_args(cls, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument(
+            "--allowed-lateness-ms",
+            dest="allowed_lateness_ms",
+            type=int,
+            default=60_000,
+            help="events this far behind the watermark are still incorporated; "
+            "later ones are dead-lettered",
+        )
+        parser.add_argument(
+            "--out-of-orderness-ms",
+            dest="out_of_orderness_ms",
+            type=int,
+            default=5_000,
+            help="how far the watermark trails the newest event time",
+        )
+        parser.add_argument(
+            "--release-granularity-ms",
+            dest="release_granularity_ms",
+            type=int,
+            default=60_000,
+            help="examples are released at multiples of this event time",
+        )
+        parser.add_argument(
+            "--entity-shards",
+            dest="entity_shards",
+            type=int,
+            default=4,
+            help="ad (and advertiser) shards of the counter state",
+        )
+        parser.add_argument(
+            "--stream-idle-seconds",
+            dest="stream_idle_seconds",
+            type=float,
+            default=None,
+            help="bounded run: stop when every partition has been idle this "
+            "long (default: run until cancelled)",
+        )
+        parser.add_argument(
+            "--stream-start",
+            dest="stream_start",
+            choices=("earliest", "committed"),
+            default="earliest",
+            help="earliest: replay the topic and rebuild the state (the "
+            "DirectRunner keeps none across restarts; the example-id ledger "
+            "drops what was already published); committed: resume at the "
+            "group's committed offsets (runners that restore checkpointed state)",
+        )
+        parser.add_argument(
+            "--dead-letter-topic",
+            dest="dead_letter_topic",
+            help="dead letters' topic (default: <events topic>.dead-letter)",
+        )
+        parser.add_argument(
+            "--feast-env", dest="feast_env", help="push to Feast: local or prod"
+        )
+        parser.add_argument(
+            "--feast-state-dir",
+            dest="feast_state_dir",
+            help="local Feast: registry + SQLite dir (enables the push)",
+        )
+        parser.add_argument("--feast-project", dest="feast_project")
+        parser.add_argument(
+            "--freshness-jsonl",
+            dest="freshness_jsonl",
+            help="append event-to-online freshness samples here",
+        )
+
+
+def stream_config(options: PipelineOptions) -> StreamConfig:
+    """The timing rules the flags describe."""
+    build = options.view_as(GemBuildOptions)
+    stream = options.view_as(StreamingOptions)
+    return StreamConfig(
+        shards=build.shards,
+        entity_shards=stream.entity_shards,
+        allowed_lateness_ms=stream.allowed_lateness_ms,
+        granularity_ms=stream.release_granularity_ms,
+        max_seq_len=build.max_seq_len,
+    )
+
+
+def _user_elements(batch: EventBatch, shards: int) -> list[Keyed]:
+    return [
+        (shard, ("events", state_bytes(part)))
+        for shard, part in shard_events(batch.events, shards)
+    ]
+
+
+def _entity_elements(batch: EventBatch, entity_shards: int) -> list[tuple[int, bytes]]:
+    return [
+        (key, state_bytes(part))
+        for key, part in route_entity_rows(batch.events, entity_shards)
+    ]
+
+
+def run(argv: list[str] | None = None) -> dict[str, Any]:
+    """Run the streaming job (until cancelled, or idle in a bounded run)."""
+    options = PipelineOptions(argv)
+    options.view_as(StandardOptions).streaming = True
+    build = options.view_as(GemBuildOptions)
+    stream = options.view_as(StreamingOptions)
+    if not (build.events_topic and build.examples_topic and build.input):
+        raise SystemExit(
+            "--streaming needs --events-topic, --examples-topic and --input "
+            "(the folder of the users / ads / contents tables)"
+        )
+    settings = kafka_settings(build)
+    if settings.bootstrap is None:
+        raise SystemExit("--streaming needs --kafka-bootstrap HOST:PORT")
+    config = stream_config(options)
+    dead_topic = stream.dead_letter_topic or f"{build.events_topic}.dead-letter"
+    ensure_topics(settings, {build.examples_topic: config.shards, dead_topic: 1})
+    push = bool(stream.feast_state_dir or stream.feast_env)
+    started = time.monotonic()
+
+    pipeline = beam.Pipeline(options=options)
+    read = pipeline | "ReadEventStream" >> ReadEventStream(
+        settings,
+        build.events_topic,
+        group_id=build.kafka_group_id,
+        out_of_orderness_ms=stream.out_of_orderness_ms,
+        allowed_lateness_ms=config.allowed_lateness_ms,
+        idle_seconds=stream.stream_idle_seconds,
+        now_ms=build.now_ms,
+        from_committed=stream.stream_start == "committed",
+    )
+    entity = (
+        read.events
+        | "ShardByEntity"
+        >> beam.FlatMap(_entity_elements, config.entity_shards).with_output_types(
+            tuple[int, bytes]
+        )
+        | "EntityCounters"
+        >> beam.ParDo(EntityShardFn(config, push)).with_outputs(PUSH, main="answers")
+    )
+    users = read.events | "ShardByUser" >> beam.FlatMap(
+        _user_elements, config.shards
+    ).with_output_types(Keyed)
+    user = (
+        (
+            users,
+            entity.answers | "TypeAnswers" >> beam.Map(_same).with_output_types(Keyed),
+        )
+        | "EventsAndAnswers" >> beam.Flatten()
+        | "UserHistory"
+        >> beam.ParDo(UserShardFn(config, build.input, push)).with_outputs(
+            PUSH, main="messages"
+        )
+    )
+    published = user.messages | "PublishExamples" >> beam.ParDo(
+        PublishExampleMessagesFn(settings, build.examples_topic, config.max_seq_len)
+    ).with_output_types(Mark)
+    # The committer reads the publisher's (empty) output too: its watermark
+    # then waits for every release to be on the topic (see .offsets).
+    _ = (
+        (
+            read[MARKS] | "TypeMarks" >> beam.Map(_same).with_output_types(Mark),
+            published,
+        )
+        | "MarksAfterPublish" >> beam.Flatten()
+        | "CommitOffsets"
+        >> beam.ParDo(CommitOffsetsFn(settings, build.kafka_group_id, config))
+    )
+    _ = read[DEAD_LETTERS] | "PublishDeadLetters" >> beam.ParDo(
+        PublishDeadLettersFn(settings, dead_topic)
+    )
+    if push:
+        _ = (
+            (user[PUSH], entity[PUSH])
+            | "AllPushRows" >> beam.Flatten()
+            | "PushToFeast"
+            >> beam.ParDo(
+                PushToFeastFn(
+                    stream.feast_env,
+                    stream.feast_state_dir,
+                    stream.feast_project,
+                    stream.freshness_jsonl,
+                )
+            )
+        )
+    result = pipeline.run()
+    result.wait_until_finish()
+    counts = _counters(result)
+    summary = {
+        "counts": counts,
+        "seconds": round(time.monotonic() - started, 3),
+        "examples_topic": build.examples_topic,
+        "dead_letter_topic": dead_topic,
+    }
+    if build.output:
+        out = Path(build.output)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "stream_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def _same(element: Any) -> Any:
+    """Identity, applied with a type hint (keys must have a deterministic coder)."""
+    return element
+
+
+def _counters(result: Any) -> dict[str, int]:
+    query = result.metrics().query(MetricsFilter().with_namespace(METRICS_NAMESPACE))
+    found: dict[str, int] = {}
+    for counter in query["counters"]:
+        value = (
+            counter.committed if counter.committed is not None else counter.attempted
+        )
+        found[counter.key.metric.name] = found.get(counter.key.metric.name, 0) + int(
+            value or 0
+        )
+    return found

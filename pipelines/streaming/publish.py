@@ -1,0 +1,190 @@
+"""The job's Kafka outputs: example messages (exactly once) and dead letters.
+
+Example messages are the contract's codec (:mod:`features.example_messages`),
+keyed by user shard so one user's examples stay in order in one partition.
+
+No example reaches the examples topic twice, by two mechanisms:
+
+- the **idempotent producer** (``enable_idempotence``) removes the copies
+  its own retries would make within a run;
+- **deduplication by example id against the topic itself**: at start-up
+  the publisher reads the example ids already on the examples topic (the
+  ledger) and drops any example it is asked to publish again. A restarted
+  job (after SIGKILL, or a runner retrying a bundle) recomputes examples
+  from the replayed events; those already published are dropped here, the
+  rest go out. A message sent but not acknowledged before a crash is either
+  on the topic (then in the next ledger) or not (then sent again): never two.
+
+What the ledger costs: one read of the examples topic at start (on a real
+cluster, of its retained tail: examples older than the replay horizon cannot
+come back).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any, Final
+
+import apache_beam as beam
+import pyarrow as pa
+from apache_beam.metrics import Metrics
+
+from features.example_messages import (
+    decode_example_message,
+    encode_example_message,
+    message_headers,
+)
+from features.kafka import KafkaSettings
+from features.windows import timeline_segments
+from pipelines.streaming.tables import state_table
+
+METRICS_NAMESPACE: Final = "gem.stream"
+PRODUCER_TUNING: Final = {
+    "linger_ms": 5,
+    "batch_size": 262_144,
+    "acks": "all",
+    "enable_idempotence": True,
+    "max_request_size": 64 * 1024 * 1024,
+}
+
+
+def published_example_ids(
+    settings: KafkaSettings, topic: str, *, idle_seconds: float = 0.3
+) -> set[str]:
+    """Every example id on ``topic`` (the ledger), read from the beginning.
+
+    The embedded broker reports end offsets too low, so the read ends only
+    after the reported ends are reached *and* a poll comes back empty.
+    """
+    from kafka import KafkaConsumer, TopicPartition
+
+    consumer = KafkaConsumer(
+        **settings.client_config(),
+        enable_auto_commit=False,
+        max_partition_fetch_bytes=64 * 1024 * 1024,
+        fetch_max_bytes=128 * 1024 * 1024,
+    )
+    ids: set[str] = set()
+    try:
+        partitions = consumer.partitions_for_topic(topic) or set()
+        tps = [TopicPartition(topic, p) for p in sorted(partitions)]
+        if not tps:
+            return ids
+        consumer.assign(tps)
+        consumer.seek_to_beginning(*tps)
+        ends = consumer.end_offsets(tps)
+        idle_since = time.monotonic()
+        while True:
+            batches = consumer.poll(timeout_ms=200, max_records=1000)
+            if batches:
+                idle_since = time.monotonic()
+                for records in batches.values():
+                    for record in records:
+                        decoded = decode_example_message(record.value)
+                        if decoded.examples is not None:
+                            ids.update(
+                                decoded.examples.column("example_id").to_pylist()
+                            )
+                continue
+            reached = all(consumer.position(tp) >= ends[tp] for tp in tps)
+            if reached and time.monotonic() - idle_since >= idle_seconds:
+                return ids
+    finally:
+        consumer.close()
+
+
+class PublishExampleMessagesFn(beam.DoFn):  # type: ignore[misc]
+    """``(user shard, examples IPC, segments IPC)`` -> one Kafka message each,
+    minus examples already on the topic (see the module docstring)."""
+
+    def __init__(self, settings: KafkaSettings, topic: str, max_seq_len: int) -> None:
+        self._settings = settings
+        self._topic = topic
+        self._max_seq_len = max_seq_len
+        self._producer: Any = None
+        self._published: set[str] = set()
+        self._sent: list[str] = []
+        self.messages = Metrics.counter(METRICS_NAMESPACE, "messages_published")
+        self.examples = Metrics.counter(METRICS_NAMESPACE, "examples_published")
+        self.skipped = Metrics.counter(METRICS_NAMESPACE, "examples_already_published")
+
+    def setup(self) -> None:
+        """The producer, and the ledger of what the topic already holds."""
+        from kafka import KafkaProducer
+
+        self._published = published_example_ids(self._settings, self._topic)
+        self._producer = KafkaProducer(
+            **self._settings.client_config(), **PRODUCER_TUNING
+        )
+
+    def process(self, element: tuple[int, bytes, bytes]) -> Iterator[Any]:
+        """Publish the examples not yet on the topic."""
+        shard, examples_data, segments_data = element
+        examples = state_table(examples_data)
+        segments = state_table(segments_data)
+        if self._published:
+            ids = examples.column("example_id").to_pylist()
+            fresh = [i not in self._published for i in ids]
+            if not all(fresh):
+                examples = examples.filter(pa.array(fresh))
+                self.skipped.inc(len(ids) - examples.num_rows)
+                segments = timeline_segments(examples, segments, self._max_seq_len)
+        if examples.num_rows == 0:
+            return
+        self._producer.send(
+            self._topic,
+            key=str(shard).encode(),
+            value=encode_example_message(
+                examples, segments, max_seq_len=self._max_seq_len
+            ),
+            headers=message_headers(),
+        )
+        self._sent.extend(examples.column("example_id").to_pylist())
+        self.messages.inc()
+        self.examples.inc(examples.num_rows)
+        yield from ()
+
+    def finish_bundle(self) -> None:
+        """Acknowledged before the bundle commits; then part of the ledger."""
+        self._producer.flush()
+        self._published.update(self._sent)
+        self._sent = []
+
+    def teardown(self) -> None:
+        """Close the producer."""
+        if self._producer is not None:
+            self._producer.close()
+
+
+class PublishDeadLettersFn(beam.DoFn):  # type: ignore[misc]
+    """Dead-letter JSON lines -> their Kafka topic."""
+
+    def __init__(self, settings: KafkaSettings, topic: str) -> None:
+        self._settings = settings
+        self._topic = topic
+        self._producer: Any = None
+        self.count = Metrics.counter(METRICS_NAMESPACE, "dead_letters_published")
+
+    def setup(self) -> None:
+        """One producer per worker."""
+        from kafka import KafkaProducer
+
+        self._producer = KafkaProducer(
+            **self._settings.client_config(), **PRODUCER_TUNING
+        )
+
+    def process(self, line: str) -> Iterator[Any]:
+        """Send one dead letter."""
+        self._producer.send(self._topic, value=line.encode())
+        self.count.inc()
+        yield from ()
+
+    def finish_bundle(self) -> None:
+        """Acknowledged before the bundle commits."""
+        self._producer.flush()
+
+    def teardown(self) -> None:
+        """Close the producer."""
+        if self._producer is not None:
+            self._producer.close()

@@ -1,0 +1,96 @@
+"""Schemas and Arrow helpers of the streaming job's state and messages.
+
+Keyed state holds Arrow tables as uncompressed IPC bytes: the runner encodes
+state with its coder on every write, and an uncompressed IPC stream is read
+back zero-copy, so a stage pays for its state in memcpy, not in pickling.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import numpy as np
+import pyarrow as pa
+
+from features.events import EVENT_SCHEMA
+from features.feature_tables import counter_names
+from pipelines.beam.arrow import IntArray, to_int64
+
+STREAM_EVENT_SCHEMA: Final = EVENT_SCHEMA.append(
+    pa.field("published_ms", pa.int64(), False, {"doc": "Kafka record time (ms)"})
+)
+"""Valid events as the reader emits them: the event plus when it was published
+(the Kafka record timestamp), which the freshness figures start from."""
+
+ENTITY_KINDS: Final = ("ad", "advertiser")
+
+ENTITY_EVENT_SCHEMA: Final = pa.schema(
+    [
+        pa.field("event_id", pa.string(), False),
+        pa.field("entity_id", pa.int64(), False),
+        pa.field("time_ms", pa.int64(), False),
+        pa.field("action", pa.int64(), False),  # 1-based COUNTER_ACTIONS code
+        pa.field("user_id", pa.int64(), False),
+        pa.field("published_ms", pa.int64(), False),
+    ]
+)
+"""An ad event as an ad / advertiser shard keeps it."""
+
+DROPPED_SCHEMA: Final = pa.schema(
+    [
+        pa.field("user_id", pa.int64(), False),
+        pa.field("dropped", pa.int64(), False),
+    ]
+)
+"""Per user: timeline events already evicted from state (the cut's offset)."""
+
+
+def answer_schema(kind: str) -> pa.Schema:
+    """What an entity shard sends back: an impression's ``kind`` counters."""
+    return pa.schema(
+        [pa.field("example_id", pa.string(), False)]
+        + [pa.field(name, pa.float32(), False) for name in counter_names(kind)]
+    )
+
+
+_PLAIN: Final = pa.ipc.IpcWriteOptions(compression=None)
+
+
+def state_bytes(table: pa.Table) -> bytes:
+    """A table as uncompressed IPC (cheap to write, zero-copy to read)."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema, options=_PLAIN) as writer:
+        writer.write_table(table)
+    return bytes(sink.getvalue())
+
+
+def state_table(data: bytes) -> pa.Table:
+    """Inverse of :func:`state_bytes` (also reads compressed IPC)."""
+    return pa.ipc.open_stream(pa.py_buffer(data)).read_all()
+
+
+def tables_of(chunks: list[bytes], schema: pa.Schema) -> pa.Table:
+    """The state chunks as one table of ``schema`` (empty when none)."""
+    if not chunks:
+        return schema.empty_table()
+    return pa.concat_tables([state_table(c) for c in chunks]).combine_chunks()
+
+
+def ceil_to(values: IntArray, granularity: int) -> IntArray:
+    """Round times up to a multiple of ``granularity`` (ms)."""
+    return -(-values // granularity) * granularity
+
+
+def times_ms(table: pa.Table, column: str = "event_time") -> IntArray:
+    """A timestamp or int column as epoch-ms int64."""
+    return to_int64(table.column(column))
+
+
+def first_copies(ids: pa.ChunkedArray | pa.Array) -> IntArray:
+    """Row indices of the first row of each distinct id, ascending."""
+    array = ids.combine_chunks() if isinstance(ids, pa.ChunkedArray) else ids
+    codes = np.asarray(array.dictionary_encode().indices.to_numpy(), np.int64)
+    if codes.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    _, first = np.unique(codes, return_index=True)
+    return np.sort(first).astype(np.int64)
