@@ -2,6 +2,8 @@
 
     python -m benchmarks.bench_daemon [--messages 200] [--per-message 64] \\
         [--repeat 3] [--restart-preset default] [--json]
+    python -m benchmarks.bench_daemon --mode sharding [--messages 80] \\
+        [--sharding-preset default] [--json]
 
 Publishes ``--messages`` example messages (tiny generated set, codec of
 :mod:`features.example_messages`) to the embedded broker, 2 partitions, then
@@ -30,11 +32,21 @@ measures, in this one process and on the same topic:
    interpreter + imports (a ``python -c "import trainer.daemon"`` child),
    the checkpoint load (``load_latest``), the model build and the first and
    second eval + train step of a fresh model on one message (in this process).
+
+``--mode sharding`` measures instead: 2 ranks under ``torchrun`` (gloo, 1
+thread each) on the same topic, once with ``--sharding replicated`` and once
+with ``--sharding model-parallel`` (each its own group and checkpoint
+directory, ``--embedding-optimizer adagrad`` in both so only the placement
+differs). Throughput is rank 0's examples/s between its first and last
+metrics record; checkpoint size and time (gather to rank 0 + atomic write)
+come from the daemon's ``checkpoint step`` log lines. Ratio = model-parallel
+/ replicated.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -293,6 +305,94 @@ def restart_to_first_step(
     return out
 
 
+def _checkpoint_lines(log: str) -> list[tuple[float, float, float]]:
+    """(MB, gather s, write s) of every ``checkpoint step`` log line."""
+    out = []
+    for line in log.splitlines():
+        if "checkpoint step" in line and " MB, gather " in line:
+            words = line.replace(",", "").split()
+            at = words.index("MB")
+            out.append(
+                (float(words[at - 1]), float(words[at + 2]), float(words[at + 5]))
+            )
+    return out
+
+
+def two_ranks(
+    settings: KafkaSettings, tmp: Path, sharding: str, preset: str
+) -> dict[str, Any]:
+    """One drained 2-rank torchrun daemon run; its throughput and checkpoints."""
+    jsonl, log = tmp / f"{sharding}.jsonl", tmp / f"{sharding}.log"
+    command = [
+        str(Path(sys.executable).with_name("torchrun")), "--standalone",
+        "--nproc-per-node", "2", "-m", "trainer.daemon",
+        f"--kafka-bootstrap={settings.bootstrap}", "--topic", TOPIC,
+        "--group", f"bench-{sharding}", "--checkpoint-dir", str(tmp / sharding),
+        "--preset", preset, "--sharding", sharding,
+        "--embedding-optimizer", "adagrad", "--checkpoint-every", "10",
+        "--log-every", "5", "--idle-seconds", "3", "--metrics-jsonl", str(jsonl),
+    ]  # fmt: skip
+    started = time.perf_counter()
+    with open(log, "wb") as output:
+        subprocess.run(
+            command, cwd=ROOT, stdout=output, stderr=subprocess.STDOUT, check=True,
+            env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=1800,
+        )  # fmt: skip
+    wall = time.perf_counter() - started
+    records = [json.loads(line) for line in jsonl.read_text().splitlines()]
+    first, last = records[0], records[-2]  # the last record is the post-idle one
+    rate = (last["examples"] - first["examples"]) / (last["time"] - first["time"])
+    checkpoints = _checkpoint_lines(log.read_text())
+    loaded = load_latest(tmp / sharding)
+    assert loaded is not None
+    return {
+        "examples_per_s": round(rate, 1),
+        "steps": records[-1]["step"],
+        "wall_s": round(wall, 1),
+        "checkpoints": len(checkpoints),
+        "checkpoint_mb": checkpoints[-1][0],
+        "checkpoint_gather_s": round(min(c[1] for c in checkpoints), 3),
+        "checkpoint_write_s": round(min(c[2] for c in checkpoints), 3),
+        "checkpoint_file_mb": round(loaded[1].stat().st_size / 1e6, 2),
+    }
+
+
+def sharding_mode(args: argparse.Namespace, values: list[bytes]) -> dict[str, Any]:
+    """2 replicated ranks vs 2 model-parallel ranks on the same topic."""
+    from kafka import KafkaProducer
+
+    with EmbeddedKafka() as broker, tempfile.TemporaryDirectory() as tmp:
+        settings = dataclasses.replace(
+            broker.settings, session_timeout_ms=6000, heartbeat_interval_ms=1000
+        )
+        ensure_topics(settings, {TOPIC: PARTITIONS})
+        producer = KafkaProducer(
+            **settings.client_config(), max_request_size=64 * 1024 * 1024
+        )
+        for i, value in enumerate(values):
+            producer.send(
+                TOPIC, value=value, partition=i % PARTITIONS, headers=message_headers()
+            )
+        producer.flush()
+        producer.close()
+        runs = {
+            sharding: two_ranks(settings, Path(tmp), sharding, args.sharding_preset)
+            for sharding in ("replicated", "model-parallel")
+        }
+    replicated, sharded = runs["replicated"], runs["model-parallel"]
+    return {
+        "hardware": hardware(),
+        "preset": args.sharding_preset,
+        "messages": len(values),
+        "examples_per_message": args.per_message,
+        **{f"replicated_{k}": v for k, v in replicated.items()},
+        **{f"model_parallel_{k}": v for k, v in sharded.items()},
+        "ratio_model_parallel_vs_replicated": round(
+            sharded["examples_per_s"] / replicated["examples_per_s"], 3
+        ),
+    }
+
+
 def main() -> int:
     """Run everything and print (or ``--json``) the figures."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -301,6 +401,8 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--restart-preset", default="default")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--mode", choices=("all", "sharding"), default="all")
+    parser.add_argument("--sharding-preset", default="default")
     args = parser.parse_args()
     torch.set_num_threads(1)
     config = GeneratorConfig(users=400, ads=60, days=3, seed=3)
@@ -315,6 +417,14 @@ def main() -> int:
         chunk = ref.examples.slice((i * args.per_message) % rows, args.per_message)
         segments = timeline_segments(chunk, ref.timelines, MAX_LEN)
         values.append(encode_example_message(chunk, segments, max_seq_len=MAX_LEN))
+    if args.mode == "sharding":
+        report = sharding_mode(args, values)
+        print(
+            json.dumps(report)
+            if args.json
+            else "\n".join(f"{k:>44}: {v}" for k, v in report.items())
+        )
+        return 0
 
     # Peer: decode everything first, then eval + train in a plain loop.
     batches = []

@@ -75,6 +75,12 @@ def wait_for(
     raise TimeoutError("daemon made no progress")
 
 
+def newest_step(directory: Path) -> int:
+    """Step of the newest renamed checkpoint under ``directory/ckpt`` (-1: none)."""
+    paths = list_checkpoints(directory / "ckpt")
+    return int(paths[-1].name.removeprefix("ckpt-").split(".")[0]) if paths else -1
+
+
 def log_lines(directory: Path) -> int:
     path = directory / "applied.jsonl"
     return len(path.read_text().splitlines()) if path.exists() else 0
@@ -98,12 +104,15 @@ def test_sigkill_sigterm_restart_exactly_once(
     for round_ in range(6):
         pause = {"GEM_CHECKPOINT_PAUSE_S": "2"} if round_ == 2 else {}
         process = start(args, tmp_path, **pause)
-        before = log_lines(tmp_path)
+        before = newest_step(tmp_path)
         if round_ == 2:
             wait_for(lambda: any((tmp_path / "ckpt").glob(".ckpt-*.tmp")), process, 60)
             time.sleep(0.1)
         else:
-            assert wait_for(lambda b=before: log_lines(tmp_path) > b, process, 60)
+            # A new renamed checkpoint (not just its applied-log entry, which
+            # precedes the rename): so every restart has one to resume from,
+            # however slow the write is on a loaded machine.
+            assert wait_for(lambda b=before: newest_step(tmp_path) > b, process, 60)
             time.sleep(rng.uniform(0.0, 0.6))
         if round_ == 5:
             process.send_signal(signal.SIGTERM)

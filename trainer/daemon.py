@@ -19,8 +19,21 @@ owns some partitions. Ranks step in lockstep: each iteration all-gathers a
 6-int record per rank; if any rank has a batch, all step; a rank without one
 contributes zero gradient and zero weight to an example-weighted gradient
 all-reduce (DDP would need a forward on every rank, which an empty rank
-cannot do). Same init, same averaged gradients → equal parameters. TorchRec
-model-parallel sharding of the tables is not used here (CPU, tiny tables).
+cannot do). Same init, same averaged gradients → equal parameters.
+
+``--sharding model-parallel`` shards the embedding tables with TorchRec
+(:mod:`trainer.sharding`): big tables table-wise on one rank each, small
+pooled ones replicated, the dense part replicated with the same
+example-weighted all-reduce. Every rank then runs every forward and backward
+(the tables' all-to-alls are collectives): a rank without a batch runs a
+borrowed one with weight 0. The default stays ``replicated``: it keeps one
+Adam over everything (fbgemm's fused CPU kernel has no Adam, so sharded
+tables train with Adagrad) and needs no process group in one process, so
+existing runs and checkpoints are unchanged. Model-parallel is for tables
+that do not fit one rank and pays off in multi-rank runs (no whole-table
+all-reduce per step): see ``benchmarks/README.md``.
+Checkpoints hold full, unsharded tensors under the unsharded names in both
+modes (gathered to rank 0), so they restore on any world size.
 
 Test-only: ``GEM_DAEMON_APPLIED_LOG`` appends, at every checkpoint, the
 records applied since its parent checkpoint (lineage id → parent id), so a
@@ -36,6 +49,7 @@ import logging
 import os
 import signal
 import sys
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,18 +61,27 @@ import torch.distributed as dist
 from features.kafka import KafkaSettings, add_kafka_arguments, kafka_cluster
 from trainer.checkpoint import load_latest, save_checkpoint
 from trainer.config import preset as preset_config
-from trainer.kafka_source import Item, KafkaSource
+from trainer.kafka_source import KafkaSource
 from trainer.models.base_rate import BaseRateOffset, prior_logits
 from trainer.models.registry import build_model, model_config
 from trainer.models.train import GEMTrain
 from trainer.progressive import ProgressiveMetrics
 from trainer.reporting import Reporter
-from trainer.train_step import eval_step, train_step
+from trainer.sharding import (
+    DEFAULT_MIN_ROWS,
+    EMBEDDING_OPTIMIZERS,
+    SHARDINGS,
+    OptimizerConfig,
+    borrow_batch,
+    build_strategy,
+    resolve_embedding_optimizer,
+)
+from trainer.train_step import eval_step
 
 log = logging.getLogger("trainer.daemon")
 APPLIED_LOG_ENV = "GEM_DAEMON_APPLIED_LOG"
 # Per-rank record exchanged every iteration (see the module docstring).
-HAS_BATCH, EXAMPLES, PARTITION, OFFSET, STOP, DRAINED = range(6)
+HAS_BATCH, EXAMPLES, PARTITION, OFFSET, STOP, DRAINED, READY = range(7)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -87,6 +110,10 @@ class DaemonConfig:
     prior_click_rate: float = 0.02
     prior_conversion_rate: float = 0.002
     device: str = "auto"
+    sharding: str = "replicated"
+    embedding_optimizer: str = "auto"
+    embedding_lr: float | None = None
+    min_sharded_rows: int = DEFAULT_MIN_ROWS
 
 
 def _device(name: str) -> torch.device:
@@ -111,31 +138,6 @@ class _Stop:
         self.requested = True
 
 
-def _dp_step(
-    model: GEMTrain,
-    item: Item | None,
-    optimizer: torch.optim.Optimizer,
-    total_examples: int,
-) -> torch.Tensor:
-    """One data-parallel step; a rank without a batch contributes zeros."""
-    optimizer.zero_grad(set_to_none=False)
-    loss = torch.zeros(())
-    if item is not None and item.batch is not None:
-        model.train()
-        loss, _ = model(item.batch)
-        (loss * item.examples).backward()  # example-weighted: Σ_r n_r g_r / N
-    params = [p for p in model.parameters() if p.requires_grad]
-    for p in params:
-        if p.grad is None:
-            p.grad = torch.zeros_like(p)
-    flat = torch.cat([p.grad.reshape(-1) for p in params])
-    dist.all_reduce(flat)  # sync point: every rank reaches it once per step
-    flat /= total_examples
-    torch.nn.utils.vector_to_parameters(flat, [p.grad for p in params])
-    optimizer.step()
-    return loss.detach()
-
-
 def run(config: DaemonConfig, settings: KafkaSettings) -> dict[str, Any]:
     """Run the daemon until stopped or drained; returns the final metrics."""
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
@@ -143,8 +145,12 @@ def run(config: DaemonConfig, settings: KafkaSettings) -> dict[str, Any]:
     on_gpu = device.type == "cuda"
     if on_gpu:
         torch.cuda.set_device(device)
+    backend = "nccl" if on_gpu else "gloo"
     if distributed and not dist.is_initialized():
-        dist.init_process_group("nccl" if on_gpu else "gloo")
+        dist.init_process_group(backend)
+    if config.sharding == "model-parallel" and not dist.is_initialized():
+        # TorchRec's sharded modules need a process group, even of one.
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
     stop = _Stop()
     torch.manual_seed(config.seed)
@@ -156,15 +162,23 @@ def run(config: DaemonConfig, settings: KafkaSettings) -> dict[str, Any]:
             build_model(config.model, config.preset),
             prior_logits(config.prior_click_rate, config.prior_conversion_rate),
         )
-    ).to(device)
-    optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
+    )
+    optimizers = OptimizerConfig(
+        lr=config.lr,
+        embedding_optimizer=resolve_embedding_optimizer(
+            config.embedding_optimizer, config.sharding
+        ),
+        embedding_lr=config.embedding_lr,
+    )
+    strategy = build_strategy(
+        model, config.sharding, optimizers, device, config.min_sharded_rows
+    )
     metrics = ProgressiveMetrics(config.window_examples)
     step, examples, offsets, lineage = 0, 0, {}, None
     loaded = load_latest(config.checkpoint_dir)
     if loaded is not None:
         state, path = loaded
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
+        strategy.load_full_state(state)
         torch.set_rng_state(state["rng"])
         step, examples = int(state["step"]), int(state["examples"])
         offsets = {int(p): int(o) for p, o in state["offsets"].items()}
@@ -175,8 +189,11 @@ def run(config: DaemonConfig, settings: KafkaSettings) -> dict[str, Any]:
             "rank %d resumed from %s: step %d, offsets %s", rank, path, step, offsets
         )
     if distributed:  # belt and braces: identical start on every rank
-        for tensor in model.state_dict().values():
-            dist.broadcast(tensor, 0)
+        with torch.no_grad():
+            for tensor in strategy.replicated_state():
+                dist.broadcast(tensor, 0)
+    sharded = config.sharding == "model-parallel"
+    idle_batch: Any = None  # model-parallel: what a rank without data runs
     max_seq_len = model_config(
         config.model, preset_config(config.preset)
     ).embedding.max_seq_len
@@ -207,8 +224,10 @@ def run(config: DaemonConfig, settings: KafkaSettings) -> dict[str, Any]:
         if distributed:  # every rank's metrics; the offsets are already global
             states = [None] * world
             dist.all_gather_object(states, metrics.state_dict())
-        # Ranks must hold equal parameters; a cheap checksum proves it.
-        flat = torch.nn.utils.parameters_to_vector(model.parameters()).double()
+        # Ranks must hold equal copies; a cheap checksum proves it.
+        flat = torch.cat(
+            [p.detach().reshape(-1) for p in strategy.replicated_parameters()]
+        ).double()
         position = torch.arange(flat.numel(), device=flat.device)
         mine = torch.stack([flat.sum(), (flat * position).sum()])
         sums = [mine]
@@ -216,6 +235,9 @@ def run(config: DaemonConfig, settings: KafkaSettings) -> dict[str, Any]:
             sums = [torch.empty_like(mine) for _ in range(world)]
             dist.all_gather(sums, mine)
         new_id = uuid.uuid4().hex
+        started = time.perf_counter()
+        full = strategy.full_state()  # a collective when sharded: every rank
+        gathered = time.perf_counter()
         if rank == 0:
             applied_log = os.environ.get(APPLIED_LOG_ENV)
             if applied_log:  # before the rename: an orphan entry is harmless
@@ -229,11 +251,11 @@ def run(config: DaemonConfig, settings: KafkaSettings) -> dict[str, Any]:
                     file.write(json.dumps(entry) + "\n")
                     file.flush()
                     os.fsync(file.fileno())
-            save_checkpoint(
+            path = save_checkpoint(
                 config.checkpoint_dir,
                 {
-                    "model": model.state_dict(),
-                    "optimizer": optimizer.state_dict(),
+                    **full,
+                    "sharding": config.sharding,
                     "rng": torch.get_rng_state(),
                     "step": step,
                     "examples": examples,
@@ -246,6 +268,13 @@ def run(config: DaemonConfig, settings: KafkaSettings) -> dict[str, Any]:
                     "param_checksums": [t.tolist() for t in sums],
                 },
                 keep=config.keep,
+            )
+            log.info(
+                "checkpoint step %d: %.2f MB, gather %.3f s, write %.3f s",
+                step,
+                path.stat().st_size / 1e6,
+                gathered - started,
+                time.perf_counter() - gathered,
             )
         if distributed:
             dist.barrier()  # sync point: the checkpoint is durable before commits
@@ -276,6 +305,10 @@ def run(config: DaemonConfig, settings: KafkaSettings) -> dict[str, Any]:
                         config.idle_seconds is not None
                         and source.drained(config.idle_seconds)
                     ),
+                    int(
+                        idle_batch is not None
+                        or (item is not None and item.batch is not None)
+                    ),
                 ],
                 dtype=torch.int64,
                 device=device,  # nccl gathers GPU tensors only
@@ -294,14 +327,22 @@ def run(config: DaemonConfig, settings: KafkaSettings) -> dict[str, Any]:
                 everyone = [mine]
             total = sum(int(r[EXAMPLES]) for r in everyone)
             if any(int(r[HAS_BATCH]) for r in everyone):
-                if item is not None and item.batch is not None:
-                    metrics.update(
-                        eval_step(model, item.batch)
-                    )  # score before training
-                if distributed:
-                    loss = _dp_step(model, item, optimizer, total)
-                else:
-                    loss = train_step(model, item.batch, optimizer).loss
+                mine_batch = item.batch if item is not None else None
+                if sharded and mine_batch is not None:
+                    idle_batch = mine_batch
+                if sharded and not all(int(r[READY]) for r in everyone):
+                    lender = next(i for i, r in enumerate(everyone) if r[HAS_BATCH])
+                    borrowed = borrow_batch(mine_batch, lender)
+                    idle_batch = idle_batch if idle_batch is not None else borrowed
+                if mine_batch is not None:  # score before training
+                    metrics.update(eval_step(strategy.train_model, mine_batch))
+                elif sharded:  # the tables' all-to-alls need every rank
+                    eval_step(strategy.train_model, idle_batch)
+                loss = strategy.step(
+                    mine_batch if mine_batch is not None else idle_batch,
+                    int(mine[EXAMPLES]) if mine_batch is not None else 0,
+                    total,
+                )
                 step += 1
                 examples += total
             for r in everyone:
@@ -405,6 +446,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prior-click-rate", type=float, default=0.02)
     parser.add_argument("--prior-conversion-rate", type=float, default=0.002)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    parser.add_argument(
+        "--sharding",
+        choices=SHARDINGS,
+        default="replicated",
+        help="replicated: every rank holds all tables (default: the presets' "
+        "capped tables are small); model-parallel: TorchRec shards the tables",
+    )
+    parser.add_argument(
+        "--embedding-optimizer",
+        choices=EMBEDDING_OPTIMIZERS,
+        default="auto",
+        help="auto: adam (with the dense part) when replicated, adagrad when "
+        "model-parallel (fbgemm's fused CPU kernel has no Adam)",
+    )
+    parser.add_argument("--embedding-lr", type=float, help="default: --lr")
+    parser.add_argument(
+        "--min-sharded-rows",
+        type=int,
+        default=DEFAULT_MIN_ROWS,
+        help="model-parallel: pooled tables with fewer rows stay replicated",
+    )
     add_kafka_arguments(parser)
     args = parser.parse_args(argv)
     logging.basicConfig(
