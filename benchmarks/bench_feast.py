@@ -8,18 +8,24 @@ One user-keyed table of each kind the feature job writes, one row per user:
 ``user_sequence`` (6 list columns of ``--seq-len`` events each), in the
 contract's schemas, straight from numpy (no feature job needed).
 
-- **SQLite**: ``feast_ops.materialize`` of the three views into the embedded
-  online store (pyarrow read of the window, Feast's Arrow -> protobuf
-  converter, the guarded store's check and write); with ``--feast-engine``
-  also Feast's own ``store.materialize`` (Dask read, same store).
-  Peer: ``sqlite3.executemany`` of exactly the rows Feast wrote
-  (read back from its table: same keys, same serialized values) into a fresh
-  table with the same DDL, one transaction.
-- **Redis**: ``feast_ops.materialize`` into Redis. Peer: a redis-py pipeline
-  writing exactly the hashes Feast wrote (read back with HGETALL).
+- **SQLite**: ``store.materialize`` of the three views (what ``feast
+  materialize`` runs) on the repository's embedded configuration
+  (``feature_store.yaml``: the guarded SQLite store and the batch engine
+  :mod:`pipelines.feast_engine`: pyarrow read of the window, whole-column
+  encoding to Feast's bytes, bulk upsert); with ``--feast-engine`` also
+  Feast's stock local engine into the same store (Dask read, Feast's
+  per-value converter). Peer: ``sqlite3.executemany`` of exactly the rows
+  Feast wrote (read back from its table: same keys, same serialized values)
+  into a fresh table with the same DDL, one transaction.
+- **Redis**: ``store.materialize`` on the repository's prod configuration
+  (``feature_store.prod.yaml``: Redis, same engine; its SQL registry on a
+  SQLite file here). Peer: a redis-py pipeline writing exactly the hashes
+  Feast wrote (read back with HGETALL).
 - **Online latency**: ``get_online_features`` of the ``user_context_v1``
   service (profile, counters, sequence) for one random user, ``--requests``
-  times, p50 / p99; against Redis (the target) and SQLite.
+  times, p50 / p99 of wall and CPU time; against Redis (the target: the prod
+  yaml's store, and Feast's stock Redis store on the same data) and SQLite.
+  The machine's load average is printed with the results.
 
 Rows/s counts view rows (users x 3 views). Needs the ``redis`` package for the
 Redis parts, which are skipped with a note otherwise.
@@ -32,7 +38,6 @@ import datetime as dt
 import importlib.util
 import json
 import os
-import platform
 import sqlite3
 import tempfile
 import time
@@ -43,10 +48,10 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from feast import FeatureStore, RepoConfig
+from feast import FeatureStore
 from feast.infra.online_stores.helpers import compute_table_id
-from feast.infra.online_stores.sqlite import SqliteOnlineStoreConfig
 
+from benchmarks.machine import cpu_model
 from features.feature_tables import FEATURE_TABLES
 from pipelines import feast_ops
 
@@ -91,18 +96,13 @@ def user_objects(features_dir: Path) -> list[Any]:
     return [objects.entities["user_id"], *(objects.views[v] for v in VIEWS)]
 
 
-def materialize_seconds(
-    store: FeatureStore, features_dir: Path, engine: feast_ops.Engine = "arrow"
-) -> float:
+def materialize_seconds(store: FeatureStore, features_dir: Path) -> float:
+    """``store.materialize`` of the three views (what ``feast materialize``
+    runs, through the store's configured engine), after the table check."""
     store.apply(user_objects(features_dir))
     started = time.perf_counter()
     feast_ops.materialize(
-        store,
-        start=EPOCH,
-        end=dt.datetime.now(dt.UTC),
-        views=VIEWS,
-        engine=engine,
-        quiet=True,
+        store, start=EPOCH, end=dt.datetime.now(dt.UTC), views=VIEWS, quiet=True
     )
     return time.perf_counter() - started
 
@@ -110,25 +110,19 @@ def materialize_seconds(
 # --- SQLite ----------------------------------------------------------------------
 
 
-def sqlite_store(state: Path, guarded: bool) -> FeatureStore:
-    config_class = (
-        feast_ops.GuardedSqliteOnlineStoreConfig if guarded else SqliteOnlineStoreConfig
-    )
+def sqlite_store(state: Path, engine: feast_ops.Engine | None = None) -> FeatureStore:
+    """The repository's embedded configuration (``feature_store.yaml``: guarded
+    SQLite store, our batch engine unless ``engine``), state under ``state``."""
     return FeatureStore(
-        config=RepoConfig(
-            project="bench",
-            provider="local",
-            registry=str(state / "registry.db"),
-            online_store=config_class(path=str(state / "online.db")),
-            entity_key_serialization_version=3,
-            repo_path=state,
+        config=feast_ops.repo_config(
+            "local", state_dir=state, project="bench", engine=engine
         )
     )
 
 
 def sqlite_peer_seconds(store: FeatureStore, state: Path) -> tuple[float, int]:
     """executemany of the rows Feast wrote, into a fresh DB; (seconds, rows)."""
-    source = sqlite3.connect(state / "online.db")
+    source = sqlite3.connect(store.config.online_store.path)
     seconds = 0.0
     rows = 0
     target_path = state / "peer.db"
@@ -153,7 +147,7 @@ def sqlite_peer_seconds(store: FeatureStore, state: Path) -> tuple[float, int]:
 
 
 def stored_rows(store: FeatureStore, state: Path) -> int:
-    conn = sqlite3.connect(state / "online.db")
+    conn = sqlite3.connect(store.config.online_store.path)
     total = 0
     for view in VIEWS:
         table = compute_table_id(store.project, store.get_feature_view(view))
@@ -166,16 +160,16 @@ def stored_rows(store: FeatureStore, state: Path) -> int:
 
 
 def redis_store(state: Path, project: str) -> FeatureStore:
-    from feast.infra.online_stores.redis import RedisOnlineStoreConfig
-
+    """The repository's prod configuration (``feature_store.prod.yaml``: Redis
+    store, our batch engine), its SQL registry on a SQLite file instead of
+    PostgreSQL (the registry is not what is measured)."""
+    state.mkdir(parents=True, exist_ok=True)
     return FeatureStore(
-        config=RepoConfig(
+        config=feast_ops.repo_config(
+            "prod",
             project=project,
-            provider="local",
-            registry=str(state / "registry.db"),
-            online_store=RedisOnlineStoreConfig(connection_string=REDIS),
-            entity_key_serialization_version=3,
-            repo_path=state,
+            registry_url=f"sqlite:///{state / 'registry.db'}",
+            redis=REDIS,
         )
     )
 
@@ -209,7 +203,9 @@ def redis_peer_seconds(project: str) -> tuple[float, int]:
 
 
 def latency_ms(store: FeatureStore, users: int, requests: int) -> dict[str, float]:
-    """p50 / p99 / mean ms of one user's ``user_context_v1`` lookup."""
+    """p50 / p99 / mean ms of one user's ``user_context_v1`` lookup: wall
+    time, and the calling thread's CPU time (what is left of the wall time is
+    waiting: for Redis, and for a core when the machine is busy)."""
     service = store.get_feature_service("user_context_v1", allow_cache=True)
     rng = np.random.default_rng(1)
     picks = rng.integers(0, users, requests + 100)
@@ -222,16 +218,39 @@ def latency_ms(store: FeatureStore, users: int, requests: int) -> dict[str, floa
     for user in picks[:100]:  # warm-up: connections, registry cache
         one(user)
     took = np.empty(requests)
+    cpu = np.empty(requests)
     for i, user in enumerate(picks[100:]):
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.thread_time()
         one(user)
         took[i] = time.perf_counter() - started
+        cpu[i] = time.thread_time() - cpu_started
     took *= 1000
+    cpu *= 1000
     return {
         "p50_ms": float(np.percentile(took, 50)),
         "p99_ms": float(np.percentile(took, 99)),
         "mean_ms": float(took.mean()),
+        "cpu_p50_ms": float(np.percentile(cpu, 50)),
+        "cpu_p99_ms": float(np.percentile(cpu, 99)),
     }
+
+
+def stock_redis_store(store: FeatureStore, state: Path) -> FeatureStore:
+    """Feast's stock Redis store on the same project and registry (the read
+    path's peer)."""
+    from feast import RepoConfig
+    from feast.infra.online_stores.redis import RedisOnlineStoreConfig
+
+    return FeatureStore(
+        config=RepoConfig(
+            project=store.project,
+            provider="local",
+            registry=store.config.registry,
+            online_store=RedisOnlineStoreConfig(connection_string=REDIS),
+            entity_key_serialization_version=3,
+            repo_path=state,
+        )
+    )
 
 
 def apply_user_context(store: FeatureStore, features_dir: Path) -> None:
@@ -251,6 +270,7 @@ def run(
 ) -> dict[str, Any]:
     """Every measurement; Redis ones are None without the redis package."""
     results: dict[str, Any] = {"users": users, "seq_len": seq_len, "view_rows": 0}
+    results["load_avg_start"] = os.getloadavg()
     view_rows = users * len(VIEWS)
     results["view_rows"] = view_rows
     with tempfile.TemporaryDirectory(prefix="bench_feast_") as tmp:
@@ -260,7 +280,7 @@ def run(
         results["build_tables_s"] = time.perf_counter() - started
 
         state = root / "sqlite"
-        store = sqlite_store(state, guarded=True)
+        store = sqlite_store(state)
         feast_s = materialize_seconds(store, root / "features")
         written = stored_rows(store, state)
         peer_s, peer_rows = sqlite_peer_seconds(store, state)
@@ -277,9 +297,9 @@ def run(
         }
         if feast_engine:
             engine_state = root / "sqlite-feast-engine"
-            engine_store = sqlite_store(engine_state, guarded=True)
+            engine_store = sqlite_store(engine_state, engine="feast")
             results["sqlite"]["feast_engine_s"] = materialize_seconds(
-                engine_store, root / "features", engine="feast"
+                engine_store, root / "features"
             )
             results["sqlite"]["feast_engine_rows"] = stored_rows(
                 engine_store, engine_state
@@ -299,6 +319,7 @@ def run(
             feast_s = materialize_seconds(rstore, root / "features")
             peer_s, hashes = redis_peer_seconds(project)
             apply_user_context(rstore, root / "features")
+            stock = stock_redis_store(rstore, root / "redis")
             results["redis"] = {
                 "feast_s": feast_s,
                 "feast_rows_per_s": _rate(view_rows, feast_s),
@@ -307,9 +328,11 @@ def run(
                 "hashes": hashes,
                 "ratio": peer_s / feast_s,
                 "latency": latency_ms(rstore, users, requests),
+                "latency_stock_store": latency_ms(stock, users, requests),
             }
         finally:
             rstore.teardown()
+    results["load_avg_end"] = os.getloadavg()
     return results
 
 
@@ -341,13 +364,19 @@ def _print(results: dict[str, Any]) -> None:
                 f"{_rate(results['view_rows'], r['feast_engine_s']):,.0f} rows/s, "
                 f"{r['feast_engine_rows']:,} SQLite rows written"
             )
-        lat = r["latency"]
-        print(
-            f"  online user_context_v1, 1 user: p50 {lat['p50_ms']:.2f} ms, "
-            f"p99 {lat['p99_ms']:.2f} ms, mean {lat['mean_ms']:.2f} ms"
-        )
+        for key, label in (("latency", ""), ("latency_stock_store", " stock store")):
+            if key not in r:
+                continue
+            lat = r[key]
+            print(
+                f"  online user_context_v1, 1 user{label}: p50 {lat['p50_ms']:.2f} ms, "
+                f"p99 {lat['p99_ms']:.2f} ms, mean {lat['mean_ms']:.2f} ms "
+                f"(CPU p50 {lat['cpu_p50_ms']:.2f} ms, p99 {lat['cpu_p99_ms']:.2f} ms)"
+            )
     print(
-        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores"
+        f"machine: {cpu_model()}, {os.cpu_count()} cores; load average "
+        f"{results['load_avg_start'][0]:.1f} at start, "
+        f"{results.get('load_avg_end', (float('nan'),))[0]:.1f} at end"
     )
 
 

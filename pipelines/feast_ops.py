@@ -12,9 +12,10 @@ reads); this module is what the demo, the tests and operators call:
   a changed type fails with the view and column named, instead of deep inside
   Feast (whose own schema validation only logs type mismatches).
 - :func:`apply` / :func:`materialize`: ``store.apply`` over the repository's
-  objects built for a given features dir, and materialization (Feast's own
-  engine, or a pyarrow read of the window written through the same store
-  interface, several times faster on the list columns).
+  objects built for a given features dir, and ``store.materialize[_incremental]``
+  (what ``feast materialize`` runs) after checking the tables. The yaml's
+  batch engine is :class:`pipelines.feast_engine.ArrowMaterializationEngine`
+  (pyarrow read, whole-column encoding, bulk writes in Feast's layout).
 - :func:`historical_features`: point-in-time retrieval that returns one row
   per request row (see its docstring for the two Feast behaviours it guards).
 - :class:`GuardedSqliteOnlineStore`: the embedded online store. Feast's SQLite
@@ -44,6 +45,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from itertools import chain, cycle, repeat
 from pathlib import Path
 from typing import Any, Final, Literal
 
@@ -62,9 +64,11 @@ from feast.infra.online_stores.sqlite import (
 )
 from feast.protos.feast.types.EntityKey_pb2 import EntityKey as EntityKeyProto
 from feast.protos.feast.types.Value_pb2 import Value as ValueProto
-from feast.utils import _convert_arrow_to_proto, make_tzaware
+from feast.utils import make_tzaware
 
 from features.feature_tables import EVENT_TIMESTAMP, FEATURE_TABLES
+from pipelines.feast_encode import EncodedRows
+from pipelines.feast_engine import ENGINE_TYPE
 
 REPO_ROOT: Final = Path(__file__).resolve().parents[1]
 FEATURE_REPO: Final = REPO_ROOT / "feature_repo"
@@ -77,6 +81,9 @@ REDIS_VAR: Final = "GEM_FEAST_REDIS"
 """Overrides the prod Redis connection string (``host:port[,db=N,...]``)."""
 
 Env = Literal["local", "prod"]
+Engine = Literal["arrow", "feast"]
+ENGINES: Final[dict[str, str]] = {"arrow": ENGINE_TYPE, "feast": "local"}
+"""Materialization engines by name: ours (the yaml's) and Feast's stock one."""
 
 
 # --- configuration -----------------------------------------------------------
@@ -102,6 +109,7 @@ def repo_config(
     project: str | None = None,
     registry_url: str | None = None,
     redis: str | None = None,
+    engine: Engine | None = None,
 ) -> RepoConfig:
     """The Feast configuration of ``env``, from its yaml, with overrides.
 
@@ -118,6 +126,9 @@ def repo_config(
             ``$GEM_FEAST_REGISTRY_URL``, else the yaml's).
         redis: prod only: Redis connection string (default: ``$GEM_FEAST_REDIS``,
             else the yaml's).
+        engine: the batch (materialization) engine: ``arrow`` (the yaml's,
+            :mod:`pipelines.feast_engine`) or ``feast`` (Feast's stock local
+            engine, to compare against).
     """
     chosen = feast_env(env)
     raw: dict[str, Any] = yaml.safe_load(
@@ -125,6 +136,8 @@ def repo_config(
     )
     if project:
         raw["project"] = project
+    if engine is not None:
+        raw["batch_engine"] = {"type": ENGINES[engine]}
     if chosen == "local":
         if state_dir is not None:
             state = state_dir.resolve()
@@ -269,7 +282,11 @@ def apply(store: FeatureStore, features_dir: Path) -> RepoObjects:
     return objects
 
 
-Engine = Literal["arrow", "feast"]
+def configured_engine(store: FeatureStore) -> Engine | None:
+    """Which of :data:`ENGINES` the store's ``batch_engine`` is (None: another)."""
+    config = store.config.batch_engine_config or "local"
+    chosen = config if isinstance(config, str) else config.get("type")
+    return next((name for name, kind in ENGINES.items() if kind == chosen), None)
 
 
 def materialize(
@@ -278,34 +295,38 @@ def materialize(
     end: datetime | None = None,
     start: datetime | None = None,
     views: Sequence[str] | None = None,
-    engine: Engine = "arrow",
+    engine: Engine | None = None,
     quiet: bool = False,
 ) -> None:
-    """Load the offline tables into the online store, checking them first.
+    """Check the offline tables, then ``store.materialize[_incremental]``.
+
+    Exactly what ``feast materialize`` / ``materialize-incremental`` run, on
+    the store's configured batch engine (the repository's yaml: ``arrow``,
+    :class:`pipelines.feast_engine.ArrowMaterializationEngine`), after
+    :func:`validate_feature_tables` on every table it will read.
 
     Without ``start``: incremental (from each view's last materialization,
     or from the beginning: the views never expire). With ``start``: the rows
     in ``[start, end]`` (both ends included, as Feast's file store does); per
     entity, the latest. Either way, a value older than the one online for an
-    entity never replaces it (Redis: Feast's own check; SQLite:
-    :class:`GuardedSqliteOnlineStore`).
-
-    Engines: ``feast`` is ``store.materialize[_incremental]``. ``arrow`` (the
-    default) does the same for our Parquet sources without Dask, whose
-    deterministic hashing pickles every list cell (the behaviour sequence)
-    several times per read and took half the time; it reads the window with
-    pyarrow, converts with Feast's converter, writes through the store's
-    ``online_write_batch`` and records the interval in the registry, as
-    Feast's engine does.
+    entity never replaces it (Redis: Feast's own check, which our engine runs
+    in Redis; SQLite: :class:`GuardedSqliteOnlineStore`).
 
     Args:
         store: a store the repository was applied to.
         end: end of the window (default: now).
         start: start of the window (default: incremental).
         views: view names (default: all).
-        engine: ``arrow`` or ``feast`` (see above).
+        engine: if given, the engine the store must be configured with
+            (``arrow`` or ``feast``, Feast's stock local engine): a
+            :func:`repo_config` ``engine=`` choice, checked, not switched.
         quiet: swallow Feast's progress printing (it prints, not logs).
     """
+    if engine is not None and configured_engine(store) != engine:
+        raise ValueError(
+            f"the store materializes with {store.config.batch_engine_config!r}, "
+            f"not {engine!r}: build it with repo_config(engine={engine!r})"
+        )
     chosen = [
         v
         for v in store.list_feature_views()
@@ -319,25 +340,15 @@ def materialize(
         validate_feature_tables(directory, names)
     end = make_tzaware(end) if end is not None else datetime.now(UTC)
     names = [v.name for v in chosen]
-    if engine == "feast":
-        with (
-            contextlib.redirect_stdout(io.StringIO())
-            if quiet
-            else contextlib.nullcontext()
-        ):
-            if start is None:
-                store.materialize_incremental(end_date=end, feature_views=names)
-            else:
-                store.materialize(
-                    start_date=make_tzaware(start), end_date=end, feature_views=names
-                )
-        return
-    for view in chosen:
-        view_start = start
-        if view_start is None:
-            # Feast's incremental rule: from the last end, else end - ttl.
-            view_start = view.most_recent_end_time or (end - (view.ttl or NO_TTL))
-        _materialize_arrow(store, view, make_tzaware(view_start), end)
+    with (
+        contextlib.redirect_stdout(io.StringIO()) if quiet else contextlib.nullcontext()
+    ):
+        if start is None:
+            store.materialize_incremental(end_date=end, feature_views=names)
+        else:
+            store.materialize(
+                start_date=make_tzaware(start), end_date=end, feature_views=names
+            )
 
 
 NO_TTL: Final = timedelta(weeks=52)
@@ -345,11 +356,16 @@ NO_TTL: Final = timedelta(weeks=52)
 
 
 def latest_in_window(
-    path: Path, entity: str, start: datetime, end: datetime
+    path: Path,
+    entity: str,
+    start: datetime,
+    end: datetime,
+    *,
+    timestamp_field: str = EVENT_TIMESTAMP,
 ) -> pa.Table:
     """Per entity, the latest row of a feature table with ``start <= t <= end``."""
     table = pq.read_table(path)
-    times = table.column(EVENT_TIMESTAMP)
+    times = table.column(timestamp_field)
     inside = pc.and_(
         pc.greater_equal(times, pa.scalar(start, times.type)),
         pc.less_equal(times, pa.scalar(end, times.type)),
@@ -357,7 +373,7 @@ def latest_in_window(
     if not pc.all(inside).as_py():
         table = table.filter(inside)
     keys = table.column(entity).to_numpy()
-    ms = table.column(EVENT_TIMESTAMP).cast(pa.int64()).to_numpy()
+    ms = table.column(timestamp_field).cast(pa.int64()).to_numpy()
     # The feature job writes rows sorted by (entity, time); sort only if not.
     ordered = bool(
         np.all((keys[1:] > keys[:-1]) | ((keys[1:] == keys[:-1]) & (ms[1:] >= ms[:-1])))
@@ -367,25 +383,6 @@ def latest_in_window(
         table, keys = table.take(pa.array(order)), keys[order]
     last = np.append(keys[1:] != keys[:-1], True) if keys.size else keys.astype(bool)
     return table if last.all() else table.filter(pa.array(last))
-
-
-def _materialize_arrow(
-    store: FeatureStore, view: FeatureView, start: datetime, end: datetime
-) -> None:
-    source = view.batch_source
-    path = Path(source.path)  # type: ignore[union-attr]
-    (entity,) = [c.name for c in view.entity_columns]
-    table = latest_in_window(path, entity, start, end)
-    join_keys = {c.name: c.dtype.to_value_type() for c in view.entity_columns}
-    provider = store._get_provider()  # what Feast's own engine writes through
-    for batch in table.combine_chunks().to_batches(max_chunksize=ARROW_BATCH_ROWS):
-        rows = _convert_arrow_to_proto(batch, view, join_keys)
-        provider.online_write_batch(store.config, view, rows, progress=None)
-    store.registry.apply_materialization(view, store.project, start, end)
-
-
-ARROW_BATCH_ROWS: Final = 20_000
-"""Rows converted and written at once (bounds memory for long sequences)."""
 
 
 # --- historical retrieval ----------------------------------------------------
@@ -561,6 +558,10 @@ class GuardedSqliteOnlineStore(SqliteOnlineStore):
     and only if it is newer than what the table holds (equal times are
     skipped too, as Redis does). It then writes the same rows as Feast's
     writer, in one ``executemany``.
+
+    Two entry points: Feast's ``online_write_batch`` (protobuf rows: pushes,
+    Feast's own engine) and :meth:`write_encoded` (already serialized rows:
+    :mod:`pipelines.feast_engine`); both store the same bytes.
     """
 
     _CHUNK: Final = 500  # host parameters per SELECT, well under SQLite's limit
@@ -573,17 +574,86 @@ class GuardedSqliteOnlineStore(SqliteOnlineStore):
         progress: Callable[[int], Any] | None,
     ) -> None:
         """Write the rows of ``data`` that are newer than the stored values."""
-        fresh = self._newer_than_stored(config, table, data)
-        if progress and len(fresh) < len(data):
-            progress(len(data) - len(fresh))
-        if not fresh:
-            return
+        version = config.entity_key_serialization_version
+        keys = [
+            serialize_entity_key(row[0], entity_key_serialization_version=version)
+            for row in data
+        ]
+        times = [_naive_utc(row[2]) for row in data]
+        fresh = self._fresh(config, table, keys, times)
         online = config.online_store
         if online.vector_enabled or online.enable_openai_compatible_store:
             # Extra columns to fill: Feast's own writer knows them.
-            rows = [row for _, row in fresh]
-            super().online_write_batch(config, table, rows, progress)
+            newer = [data[i] for i in fresh]
+            super().online_write_batch(config, table, newer, progress)
             return
+        params = (
+            (
+                keys[i],
+                feature,
+                value.SerializeToString(),
+                extract_text_and_num(value, False)[0],
+                times[i],
+                data[i][3] and _naive_utc(data[i][3]),  # type: ignore[arg-type]
+            )
+            for i in fresh
+            for feature, value in data[i][1].items()
+        )
+        self._upsert(config, table, params)
+        if progress:
+            progress(len(data))
+
+    def write_encoded(
+        self, config: RepoConfig, table: FeatureView, rows: EncodedRows
+    ) -> int:
+        """Write serialized rows (``feast_encode.encode_batch`` with texts) that
+        are newer than the stored values, as Feast's writer would; rows written.
+        """
+        keys = rows.entity_keys.to_pylist()
+        times = rows.event_us.astype("datetime64[us]").tolist()
+        created = (
+            rows.created_us.astype("datetime64[us]").tolist()
+            if rows.created_us is not None
+            else [None] * len(keys)
+        )
+        fresh = self._fresh(config, table, keys, times)
+        if not fresh:
+            return 0
+        # Feast passes datetimes and sqlite3 adapts each (Feast registers an
+        # adapter to epoch seconds); adapt once per row instead of per feature.
+        adapt = sqlite3.adapters.get((datetime, sqlite3.PrepareProtocol), _same)
+        stamps = [adapt(times[i]) for i in fresh]
+        made = [created[i] and adapt(created[i]) for i in fresh]
+        fresh_keys = [keys[i] for i in fresh]
+        names = list(rows.values)
+        values, texts = [], []
+        for name in names:
+            column = rows.values[name]
+            if len(fresh) < len(keys):
+                column = column.take(pa.array(fresh))
+            values.append(column.to_pylist())
+            text = rows.texts[name]
+            texts.append(text if len(fresh) == len(keys) else [text[i] for i in fresh])
+
+        # (key, feature, value, text, event_ts, created_ts) per entity and
+        # feature, entity-major, built by C iterators (no Python per row).
+        def each_feature(per_row: list[Any]) -> Iterable[Any]:
+            return chain.from_iterable(map(repeat, per_row, repeat(len(names))))
+
+        params = zip(
+            each_feature(fresh_keys),
+            cycle(names),
+            chain.from_iterable(zip(*values, strict=True)),
+            chain.from_iterable(zip(*texts, strict=True)),
+            each_feature(stamps),
+            each_feature(made),
+        )
+        self._upsert(config, table, params)
+        return len(fresh)
+
+    def _upsert(
+        self, config: RepoConfig, table: FeatureView, params: Iterable[tuple[Any, ...]]
+    ) -> None:
         # Feast's writer runs one INSERT per (entity, feature); one
         # executemany of the same statement and values is several times faster.
         name = compute_table_id(
@@ -596,44 +666,30 @@ class GuardedSqliteOnlineStore(SqliteOnlineStore):
             "value = excluded.value, value_text = excluded.value_text, "
             "event_ts = excluded.event_ts, created_ts = excluded.created_ts"
         )
-        params = (
-            (
-                key,
-                feature,
-                value.SerializeToString(),
-                extract_text_and_num(value, False)[0],
-                ts,
-                created,
-            )
-            for key, ts, created, values in (
-                (key, _naive_utc(row[2]), row[3] and _naive_utc(row[3]), row[1])
-                for key, row in fresh
-            )
-            for feature, value in values.items()
-        )
         conn = self._get_conn(config)
         with conn:
             conn.executemany(upsert, params)
-        if progress:
-            progress(len(fresh))
 
-    def _newer_than_stored(
-        self, config: RepoConfig, table: FeatureView, data: list[Row]
-    ) -> list[tuple[bytes, Row]]:
-        """Per entity the batch's newest row, if newer than the stored one."""
-        version = config.entity_key_serialization_version
-        newest: dict[bytes, tuple[datetime, Row]] = {}
-        for row in data:
-            key = serialize_entity_key(row[0], entity_key_serialization_version=version)
-            ts = _naive_utc(row[2])
-            if key not in newest or ts > newest[key][0]:
-                newest[key] = (ts, row)
+    def _fresh(
+        self,
+        config: RepoConfig,
+        table: FeatureView,
+        keys: list[bytes],
+        times: list[datetime],
+    ) -> list[int]:
+        """Indices of the rows to write: per entity the batch's newest row, if
+        newer than the stored one (times naive UTC), in batch order."""
+        newest: dict[bytes, int] = {}
+        for i, (key, ts) in enumerate(zip(keys, times, strict=True)):
+            j = newest.get(key)
+            if j is None or ts > times[j]:
+                newest[key] = i
         stored = self._stored_times(config, table, list(newest))
-        return [
-            (key, row)
-            for key, (ts, row) in newest.items()
-            if key not in stored or ts > stored[key]
-        ]
+        return sorted(
+            i
+            for key, i in newest.items()
+            if key not in stored or times[i] > stored[key]
+        )
 
     def _stored_times(
         self, config: RepoConfig, table: FeatureView, keys: list[bytes]
@@ -660,6 +716,10 @@ class GuardedSqliteOnlineStore(SqliteOnlineStore):
                 # Table not created yet: nothing stored, Feast's write will
                 # fail with its own message.
         return stored
+
+
+def _same(value: Any) -> Any:
+    return value
 
 
 def _naive_utc(ts: datetime) -> datetime:
@@ -700,7 +760,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     mat.add_argument("--start", type=_parse_time, default=None, help="default: incr.")
     mat.add_argument("--end", type=_parse_time, default=None, help="default: now")
     mat.add_argument("--views", nargs="*", default=None)
-    mat.add_argument("--engine", choices=["arrow", "feast"], default="arrow")
+    mat.add_argument(
+        "--engine",
+        choices=sorted(ENGINES),
+        default=None,
+        help="batch engine (default: the yaml's, arrow; feast: Feast's stock one)",
+    )
     args = parser.parse_args(argv)
 
     features_dir: Path = args.features_dir or repo_module("sources").features_dir()
@@ -710,7 +775,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"ok: {len(FEATURE_TABLES)} feature tables in {features_dir}")
             return 0
         store = FeatureStore(
-            config=repo_config(args.env, state_dir=args.state_dir, project=args.project)
+            config=repo_config(
+                args.env,
+                state_dir=args.state_dir,
+                project=args.project,
+                engine=getattr(args, "engine", None),
+            )
         )
         started = time.perf_counter()
         if args.command == "apply":
@@ -725,7 +795,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                 end=args.end,
                 start=args.start,
                 views=args.views,
-                engine=args.engine,
             )
         print(f"{args.command} took {time.perf_counter() - started:.1f} s")
     except FeatureTableError as error:

@@ -27,7 +27,9 @@ from tests.test_feast_store import (
     active_user,
     assert_older_window_keeps_newer_values,
     assert_push_visible_within_a_second,
+    assert_same_online_values,
     make_feature_job,
+    materialize_in_two_steps,
     plain,
     table_rows,
 )
@@ -79,20 +81,37 @@ def pg_registry_url() -> Iterator[str]:
             conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
 
 
-def redis_store(tmp_path: Path, project: str) -> FeatureStore:
-    """Redis online store, file registry: the Redis half of prod on its own."""
-    from feast.infra.online_stores.redis import RedisOnlineStoreConfig
-
+def redis_store(
+    tmp_path: Path, project: str, engine: feast_ops.Engine | None = None
+) -> FeatureStore:
+    """The prod yaml's Redis store and batch engine (``engine`` overrides it),
+    its SQL registry on a SQLite file: the Redis half of prod on its own."""
     return FeatureStore(
-        config=RepoConfig(
+        config=feast_ops.repo_config(
+            "prod",
             project=project,
-            provider="local",
-            registry=str(tmp_path / "registry.db"),
-            online_store=RedisOnlineStoreConfig(connection_string=REDIS),
-            entity_key_serialization_version=3,
-            repo_path=tmp_path,
+            registry_url=f"sqlite:///{tmp_path / f'registry-{project}.db'}",
+            redis=REDIS,
+            engine=engine,
         )
     )
+
+
+def redis_hashes(store: FeatureStore) -> dict[bytes, dict[bytes, bytes]]:
+    """Every hash of the store's project, by key without the project suffix."""
+    import redis
+
+    suffix = store.project.encode()
+    host, _, port = REDIS.split(",")[0].partition(":")
+    client = redis.Redis(host=host, port=int(port or 6379))
+    try:
+        keys = list(client.scan_iter(match=b"*" + suffix, count=1000))
+        return {
+            key[: -len(suffix)]: client.hgetall(key)  # type: ignore[misc]
+            for key in keys
+        }
+    finally:
+        client.close()
 
 
 def assert_online_is_latest(store: FeatureStore, job: FeatureJob) -> None:
@@ -108,10 +127,12 @@ def assert_online_is_latest(store: FeatureStore, job: FeatureJob) -> None:
 
 
 @needs_redis
+@pytest.mark.parametrize("engine", ["arrow", "feast"])
 def test_redis_keeps_newer_values_and_serves_pushes_within_a_second(
-    tmp_path: Path, job: FeatureJob, project: str
+    tmp_path: Path, job: FeatureJob, project: str, engine: feast_ops.Engine
 ) -> None:
-    store = redis_store(tmp_path, project)
+    store = redis_store(tmp_path, project, engine)
+    assert feast_ops.configured_engine(store) == engine
     try:
         feast_ops.apply(store, job.directory)
         values = assert_older_window_keeps_newer_values(store, job)
@@ -120,6 +141,79 @@ def test_redis_keeps_newer_values_and_serves_pushes_within_a_second(
         assert_push_visible_within_a_second(store, job, active_user(job))
     finally:
         store.teardown()
+
+
+@needs_redis
+def test_redis_arrow_engine_writes_what_feasts_engine_writes(
+    tmp_path: Path, job: FeatureJob
+) -> None:
+    """Our engine (the prod yaml's) against Feast's stock engine and Redis
+    writer, incremental twice, a project each: the same hashes (keys, fields,
+    serialized values and timestamps), so the same values through Feast's read
+    path, for every view and entity."""
+    stores = {
+        engine: redis_store(tmp_path, f"t_{uuid.uuid4().hex[:12]}", engine)
+        for engine in ("arrow", "feast")
+    }
+    try:
+        for store in stores.values():
+            materialize_in_two_steps(store, job)
+        assert_same_online_values(stores, job)
+        ours, feasts = (redis_hashes(store) for store in stores.values())
+        users = set(table_rows(job.directory, "user_profile"))
+        assert len(ours) >= len(users)
+        assert ours == feasts
+        assert_stock_reads_the_same(stores["arrow"], tmp_path, job)
+    finally:
+        for store in stores.values():
+            store.teardown()
+
+
+def assert_stock_reads_the_same(
+    store: FeatureStore, tmp_path: Path, job: FeatureJob
+) -> None:
+    """The prod yaml's store (one HMGET per entity across views) and Feast's
+    stock Redis store read the same project: equal responses, per view and for
+    whole feature services, with repeated and unknown entities."""
+    from feast.infra.online_stores.redis import RedisOnlineStoreConfig
+
+    stock = FeatureStore(
+        config=RepoConfig(
+            project=store.project,
+            provider="local",
+            registry=store.config.registry,
+            online_store=RedisOnlineStoreConfig(connection_string=REDIS),
+            entity_key_serialization_version=3,
+            repo_path=tmp_path,
+        )
+    )
+    assert type(store._get_provider().online_store).__name__ == (
+        "SingleReadRedisOnlineStore"
+    )
+    assert_same_online_values({"single": store, "stock": stock}, job)
+    users = sorted(table_rows(job.directory, "user_profile"))[:20]
+    rows = [{"user_id": u} for u in [*users, users[0], 10**12]]
+    for service in ("user_context_v1", "gem_ranking_v1"):
+        if service == "gem_ranking_v1":
+            ads = sorted(table_rows(job.directory, "ad_profile"))
+            rows = [
+                {"user_id": u, "ad_id": ads[i % len(ads)], "advertiser_id": i % 3}
+                for i, u in enumerate(users)
+            ]
+        got = [
+            s.get_online_features(
+                features=s.get_feature_service(service), entity_rows=rows
+            ).to_dict()
+            for s in (store, stock)
+        ]
+        assert got[0] == got[1], service
+        assert any(v is not None for v in next(iter(got[0].values())))
+    one = [{"user_id": users[3]}]
+    service = store.get_feature_service("user_context_v1")
+    assert (
+        store.get_online_features(features=service, entity_rows=one).to_dict()
+        == stock.get_online_features(features=service, entity_rows=one).to_dict()
+    )
 
 
 @needs_psycopg
@@ -167,7 +261,9 @@ def test_prod_configuration_end_to_end(
     try:
         assert feast_ops.main([*base, "apply"]) == 0
         assert feast_ops.main([*base, "materialize"]) == 0
-        assert store.config.online_store.type == "redis"
+        assert store.config.online_store.type == (
+            "pipelines.feast_redis.SingleReadRedisOnlineStore"
+        )
         assert store.config.registry.registry_type == "sql"
         assert_online_is_latest(store, job)
     finally:

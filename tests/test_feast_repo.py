@@ -154,7 +154,12 @@ def test_one_env_var_switches_the_configuration(
     monkeypatch.setenv(feast_ops.ENV_VAR, "prod")
     assert feast_ops.config_file() == REPO / "feature_store.prod.yaml"
     prod = yaml.safe_load(feast_ops.config_file().read_text())
-    assert prod["online_store"]["type"] == "redis"
+    assert prod["online_store"]["type"] == (
+        "pipelines.feast_redis.SingleReadRedisOnlineStore"
+    )
+    # Both materialize with our engine (pipelines/feast_engine.py).
+    assert prod["batch_engine"]["type"] == feast_ops.ENGINE_TYPE
+    assert local.batch_engine_config["type"] == feast_ops.ENGINE_TYPE
     assert prod["registry"]["registry_type"] == "sql"
     assert prod["registry"]["path"].startswith("postgresql+psycopg://")
 
@@ -191,11 +196,13 @@ def test_feast_cli_applies_and_materializes_the_feature_job_output(
         env=env,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=300,  # Feast's import and CLI take tens of seconds on a busy machine
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "Deploying infrastructure for user_sequence" in done.stdout
     store = FeatureStore(repo_path=str(REPO), fs_yaml_file=fs_yaml)
+    # The CLI materialized with the yaml's engine (pipelines/feast_engine.py).
+    assert store.config.batch_engine_config["type"] == feast_ops.ENGINE_TYPE
     user = int(job.output.feature_tables["user_profile"]["user_id"][0].as_py())
     got = store.get_online_features(
         features=["user_profile:user_device"], entity_rows=[{"user_id": user}]

@@ -93,11 +93,16 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> FeatureJob:
     return make_feature_job(tmp_path_factory.mktemp("features"))
 
 
-def local_store(state: Path, project: str | None = None) -> FeatureStore:
-    """A store on the embedded configuration with its state under ``state``."""
+def local_store(
+    state: Path, project: str | None = None, engine: feast_ops.Engine | None = None
+) -> FeatureStore:
+    """A store on the embedded configuration with its state under ``state``
+    (``engine``: the yaml's batch engine unless given)."""
     project = project or f"t_{uuid.uuid4().hex[:10]}"
     return FeatureStore(
-        config=feast_ops.repo_config("local", state_dir=state, project=project)
+        config=feast_ops.repo_config(
+            "local", state_dir=state, project=project, engine=engine
+        )
     )
 
 
@@ -467,7 +472,7 @@ def test_pushed_features_are_online_within_a_second(
 
 
 def assert_older_window_keeps_newer_values(
-    store: FeatureStore, job: FeatureJob, engine: feast_ops.Engine = "arrow"
+    store: FeatureStore, job: FeatureJob
 ) -> dict[str, Any]:
     """Materialize everything, then an earlier window again; return the values."""
     rows = table_rows(job.directory, "user_counters")
@@ -494,10 +499,10 @@ def assert_older_window_keeps_newer_values(
         return {n: got[n][0] for n in names}
 
     end = dt.datetime.now(dt.UTC)
-    feast_ops.materialize(store, start=EPOCH, end=end, engine=engine, quiet=True)
+    feast_ops.materialize(store, start=EPOCH, end=end, quiet=True)
     assert read() == {n: latest[n] for n in names}
     cut_time = dt.datetime.fromtimestamp(cut / 1000, dt.UTC)
-    feast_ops.materialize(store, start=EPOCH, end=cut_time, engine=engine, quiet=True)
+    feast_ops.materialize(store, start=EPOCH, end=cut_time, quiet=True)
     return {
         "got": read(),
         "latest": {n: latest[n] for n in names},
@@ -507,26 +512,28 @@ def assert_older_window_keeps_newer_values(
 
 @pytest.mark.parametrize("engine", ["arrow", "feast"])
 def test_rematerializing_an_earlier_window_keeps_newer_values(
-    store: FeatureStore, job: FeatureJob, engine: feast_ops.Engine
+    tmp_path: Path, job: FeatureJob, engine: feast_ops.Engine
 ) -> None:
-    values = assert_older_window_keeps_newer_values(store, job, engine)
+    store = local_store(tmp_path / "feast", engine=engine)
+    feast_ops.apply(store, job.directory)
+    values = assert_older_window_keeps_newer_values(store, job)
     assert values["got"] == values["latest"]
 
 
-def test_arrow_engine_writes_what_feasts_engine_writes(
-    tmp_path: Path, job: FeatureJob
-) -> None:
-    """Every online value of every entity, both engines, incremental twice."""
-    stores = {}
-    for engine in ("arrow", "feast"):
-        stores[engine] = store = local_store(tmp_path / engine)
-        feast_ops.apply(store, job.directory)
-        middle = dt.datetime.combine(CONFIG.start, dt.time(12), dt.UTC)
-        feast_ops.materialize(store, end=middle, engine=engine, quiet=True)
-        feast_ops.materialize(store, engine=engine, quiet=True)
-        view = store.get_feature_view("user_counters")
+def materialize_in_two_steps(store: FeatureStore, job: FeatureJob) -> None:
+    """Incremental up to the middle of the data, then up to now."""
+    feast_ops.apply(store, job.directory)
+    middle = dt.datetime.combine(CONFIG.start, dt.time(12), dt.UTC)
+    feast_ops.materialize(store, end=middle, quiet=True)
+    feast_ops.materialize(store, quiet=True)
+    for view in store.list_feature_views():
         assert view.most_recent_end_time is not None
         assert view.most_recent_end_time > middle
+
+
+def assert_same_online_values(stores: dict[str, FeatureStore], job: FeatureJob) -> None:
+    """Every feature of every entity, read through Feast's ``get_online_features``,
+    is the same in each store (and some are set: not all null)."""
     for name, spec in FEATURE_TABLES.items():
         keys = sorted(table_rows(job.directory, name))
         refs = [f"{name}:{n}" for n in spec.feature_names]
@@ -535,7 +542,71 @@ def test_arrow_engine_writes_what_feasts_engine_writes(
             engine: store.get_online_features(features=refs, entity_rows=rows).to_dict()
             for engine, store in stores.items()
         }
-        assert got["arrow"] == got["feast"], name
+        first, *others = got.values()
+        assert all(other == first for other in others), name
+        assert all(v is not None for v in first[spec.feature_names[0]]), name
+
+
+def sqlite_rows(store: FeatureStore) -> dict[str, list[tuple[Any, ...]]]:
+    """Every stored row of every view table, as Feast's SQLite store keeps it."""
+    import sqlite3
+
+    from feast.infra.online_stores.helpers import compute_table_id
+
+    conn = sqlite3.connect(store.config.online_store.path)
+    try:
+        return {
+            view.name: conn.execute(
+                "SELECT entity_key, feature_name, value, value_text, event_ts, "
+                f'created_ts FROM "{compute_table_id(store.project, view)}" '
+                "ORDER BY entity_key, feature_name"
+            ).fetchall()
+            for view in store.list_feature_views()
+        }
+    finally:
+        conn.close()
+
+
+def test_arrow_engine_writes_what_feasts_engine_writes(
+    tmp_path: Path, job: FeatureJob
+) -> None:
+    """Our engine (the yaml's) against Feast's stock engine, on the guarded
+    store and on Feast's own SQLite store and writer, incremental twice: equal
+    rows in every table, byte for byte, and so equal values through Feast's
+    read path, for every view and entity."""
+    stores = {}
+    for engine in ("arrow", "feast"):
+        stores[engine] = store = local_store(tmp_path / engine, engine=engine)
+        assert feast_ops.configured_engine(store) == engine
+    stores["stock"] = FeatureStore(
+        config=RepoConfig(
+            project=f"t_{uuid.uuid4().hex[:10]}",
+            provider="local",
+            registry=str(tmp_path / "registry.db"),
+            online_store=SqliteOnlineStoreConfig(path=str(tmp_path / "online.db")),
+            entity_key_serialization_version=3,
+            repo_path=tmp_path,
+        )
+    )
+    assert feast_ops.configured_engine(stores["stock"]) == "feast"
+    for store in stores.values():
+        materialize_in_two_steps(store, job)
+    assert_same_online_values(stores, job)
+    ours, *feasts = (sqlite_rows(store) for store in stores.values())
+    assert set(ours) == set(FEATURE_TABLES)
+    for name, rows in ours.items():
+        assert len(rows) == len(table_rows(job.directory, name)) * len(
+            FEATURE_TABLES[name].feature_names
+        )
+        for other in feasts:
+            assert other[name] == rows, name
+
+
+def test_materialize_checks_the_engine_it_is_asked_for(tmp_path: Path) -> None:
+    store = local_store(tmp_path / "feast")
+    assert feast_ops.configured_engine(store) == "arrow"  # the yaml's
+    with pytest.raises(ValueError, match="repo_config\\(engine='feast'\\)"):
+        feast_ops.materialize(store, engine="feast")
 
 
 def test_plain_feast_sqlite_lets_the_older_write_win(
