@@ -21,7 +21,12 @@ What it does today (each later capability adds its step here):
    examples against Feast's point-in-time features;
 7. runs the trainer daemon (:mod:`trainer.daemon`, GEM, tiny preset) on the
    examples topic until it is drained, and prints the progressive-validation
-   NE / AUC / calibration per (domain, objective) and the PNG of the curves.
+   NE / AUC / calibration per (domain, objective) and the PNG of the curves;
+8. knowledge transfer (:mod:`trainer.distill`): the daemon's GEM checkpoint
+   is the teacher; its outputs are computed once per example, then one
+   compact student per domain trains with the full transfer (auxiliary
+   head, Student Adapter, teacher embeddings as input, shared id tables) and
+   is scored on the last day next to the teacher.
 
 Every process it starts is stopped on the way out, also on Ctrl-C, SIGTERM or
 an error. Exit code 0 only when every check holds.
@@ -123,7 +128,7 @@ def _print_event_summary(events: pa.Table) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the demo steps; returns the process exit code."""
-    total = 7
+    total = 8
     output: Path = args.output
     _step(1, total, f"Generating events into {output}/")
     started = time.monotonic()
@@ -210,6 +215,9 @@ def run(args: argparse.Namespace) -> int:
 
         _step(7, total, f"Training GEM from {EXAMPLES_TOPIC} until it is drained")
         checks.update(_train_step(cluster, output, published=counts["examples"]))
+
+        _step(8, total, "Knowledge transfer: one student per domain from GEM")
+        checks.update(_distill_step(output))
     print(
         "\n  broker stopped"
         if settings.embedded
@@ -288,6 +296,76 @@ def _train_step(
         ),
         "progressive metrics for every domain and objective": len(last["lifetime"])
         == 6,
+    }
+
+
+def _distill_step(output: Path) -> dict[str, bool]:
+    """Step 8: ``python -m trainer.distill`` on the features, GEM as teacher.
+
+    A subprocess like the daemon (pipelines never import the trainer); the
+    teacher is the daemon's newest checkpoint (tiny preset), its outputs land
+    in ``<output>/distill/teacher_outputs``.
+    """
+    out_dir = output / "distill"
+    shutil.rmtree(out_dir, ignore_errors=True)
+    metrics = out_dir / "metrics.json"
+    command = [
+        sys.executable, "-m", "trainer.distill",
+        "--examples", str(output / "features"),
+        "--teacher", str(output / "checkpoints"), "--teacher-preset", "tiny",
+        "--teacher-outputs", str(out_dir / "teacher_outputs"),
+        "--student", "dlrm_small", "--methods", "full",
+        "--metrics-out", str(metrics),
+    ]  # fmt: skip
+    started = time.monotonic()
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        print(
+            f"  trainer.distill exited with {done.returncode}:\n{done.stderr[-2000:]}"
+        )
+        return {"one student per domain learnt from the teacher's outputs": False}
+    report = json.loads(metrics.read_text())
+    print(
+        f"  teacher step {report['teacher_step']}, {report['train_examples']:,} "
+        f"train / {report['eval_examples']:,} eval examples, "
+        f"{time.monotonic() - started:.1f} s; eval (student | teacher):"
+    )
+    head = f"{'NE':>8}{'AUC':>8}{'calib':>7}"
+    print(f"    {'domain/objective':<24}{'count':>7}{'pos':>6} {head}  |{head}")
+    trained = 0
+    for domain, r in report["domains"].items():
+        if "eval" not in r:
+            print(f"    {domain:<24}skipped: {r.get('skipped')}")
+            continue
+        trained += 1
+        for objective, m in r["eval"]["student"].items():
+            t = r["eval"]["teacher"][objective]
+            cells = [
+                "n/a" if v is None else f"{v:.4f}"
+                for v in (m["ne"], m["auc"], m["calibration"],
+                          t["ne"], t["auc"], t["calibration"])
+            ]  # fmt: skip
+            print(
+                f"    {domain + '/' + objective:<24}{m['count']:>7}{m['positives']:>6}"
+                f"{cells[0]:>9}{cells[1]:>8}{cells[2]:>7}  |"
+                f"{cells[3]:>8}{cells[4]:>8}{cells[5]:>7}"
+            )
+    seen = report["teacher_seen"]
+    stale = seen["max_staleness_hours"] or 0.0
+    # A daemon checkpoint records no data time: its teacher time is when it
+    # was written, after every (generated, past) example: no staleness here.
+    staleness = f"staleness up to {stale:.1f} h" if stale > 0 else "no staleness"
+    print(
+        f"  students saw teacher step(s) {seen['teacher_steps']}, {staleness}; "
+        f"metrics: {metrics}"
+    )
+    return {
+        "one student per domain learnt from the teacher's outputs": trained
+        == len(report["domains"])
+        and all(
+            r["teacher_seen"]["examples_without_teacher"] == 0
+            for r in report["domains"].values()
+        )
     }
 
 

@@ -24,7 +24,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from features.kafka.settings import add_kafka_arguments
-from pipelines.synthetic import GeneratorConfig, generate, write_dataset
+from pipelines.synthetic import (
+    GeneratorConfig,
+    ModelParams,
+    generate,
+    write_dataset,
+)
 from pipelines.synthetic.writer import FORMATS
 
 
@@ -64,6 +69,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--contents", type=_positive_int, help="organic content items (default 5 x ads)"
     )
     parser.add_argument("--duplicate-rate", type=float, default=0.002)
+    parser.add_argument(
+        "--drift-per-day",
+        type=float,
+        default=0.0,
+        help="base-rate drift: logit units added to every domain's click and "
+        "conversion intercepts per day (the freshness scenario; default 0, off)",
+    )
 
     publish = parser.add_argument_group(
         "Kafka publishing", "With --topic, the events are also sent to Kafka."
@@ -90,6 +102,9 @@ def config_from_args(args: argparse.Namespace) -> GeneratorConfig:
         events_per_user_day=args.events_per_user_day,
         contents=args.contents,
         duplicate_rate=args.duplicate_rate,
+        params=ModelParams(base_logit_drift_per_day=(args.drift_per_day,) * 3)
+        if args.drift_per_day
+        else ModelParams(),
     )
 
 

@@ -32,6 +32,7 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -52,12 +53,21 @@ FENCE_TIMEOUT_S: Final = 10.0
 
 @dataclass(frozen=True)
 class Item:
-    """One consumed record: a batch, or ``batch=None`` for a dead letter."""
+    """One consumed record: a batch, or ``batch=None`` for a dead letter.
+
+    ``decoded`` holds the :class:`~features.example_messages.DecodedMessage`
+    (example rows and timeline segments) when the source was built
+    with ``keep_examples=True`` (consumers that need ids and times, e.g. the
+    distillation student joining teacher outputs); ``payload`` is what a
+    custom ``decode_record`` returned (then ``batch`` is None).
+    """
 
     partition: int
     offset: int
     batch: Batch | None
     generation: int
+    decoded: Any = None
+    payload: Any = None
 
     @property
     def examples(self) -> int:
@@ -92,8 +102,18 @@ class KafkaSource:
         dead_letter: str | None = None,
         poll_ms: int = 100,
         pin_memory: bool = False,
+        keep_examples: bool = False,
+        decode_record: Callable[
+            [bytes, list[tuple[str, bytes]]], tuple[Any, str | None]
+        ]
+        | None = None,
     ) -> None:
         self.settings = settings
+        # Both optional and off by default (the trainer daemon's behaviour is
+        # unchanged): keep the decoded example rows on each Item, or decode
+        # another record format (value, headers) -> (payload, reason or None).
+        self.keep_examples = keep_examples
+        self.decode_record = decode_record
         self.pin_memory = pin_memory
         self.topic = topic
         self.group = group
@@ -312,6 +332,14 @@ class KafkaSource:
     def _decode(self, partition: int, message: Any) -> Item:
         """Record → Item; poison becomes a dead letter and an empty Item."""
         headers = [(k, v) for k, v in (message.headers or [])]
+        if self.decode_record is not None:
+            payload, why = self.decode_record(message.value or b"", headers)
+            if why is not None:
+                self._set_aside(partition, message, why)
+                payload = None
+            with self._lock:
+                generation = self._generation
+            return Item(partition, message.offset, None, generation, payload=payload)
         decoded = decode_example_message(message.value, headers or None)
         batch, reason = None, decoded.reason
         if decoded.ok:
@@ -334,7 +362,8 @@ class KafkaSource:
             batch = None
         with self._lock:
             generation = self._generation
-        return Item(partition, message.offset, batch, generation)
+        kept = decoded if self.keep_examples and batch is not None else None
+        return Item(partition, message.offset, batch, generation, decoded=kept)
 
     def _put(self, item: Item) -> None:
         while not self._closing.is_set():

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from features.events import CLICK_WINDOW, CONVERSION_WINDOW
-from pipelines.synthetic.params import HOUR_MS, K_TOPICS, GeneratorConfig
+from pipelines.synthetic.params import DAY_MS, HOUR_MS, K_TOPICS, GeneratorConfig
 from pipelines.synthetic.sampling import FloatArray, IntArray
 from pipelines.synthetic.timelines import BaseEvents
 from pipelines.synthetic.world import World
@@ -163,6 +163,12 @@ def simulate_outcomes(
         + p.cvr_quality * ads.quality[a]
         + world.cvr_age_category[bucket, topic]
     )
+    if any(p.base_logit_drift_per_day):  # off by default: no change at all
+        drift = np.asarray(p.base_logit_drift_per_day)[d] * (
+            (t - config.start_ms) / DAY_MS
+        )
+        click_logit = click_logit + drift
+        cvr_logit = cvr_logit + drift
     p_click = _sigmoid(click_logit)
     p_cvr = _sigmoid(cvr_logit)
     # Both uniforms are drawn for every impression so the stream (and so every

@@ -1,0 +1,671 @@
+"""Knowledge transfer: GEM teacher → per-domain students, the transfer ratio.
+
+Usage::
+
+    python -m benchmarks.bench_distill [--section all|generated|movielens]
+        [--users 3000 --ads 400 --days 8] [--teacher-epochs 2] [--ml-steps 100]
+        [--student-epochs 3] [--max-seq-len 64] [--work DIR] [--json FILE]
+
+Per data set, one process, time forward in four parts:
+
+1. **teacher period**: GEM (``bench_quality.bench_config``: the ``default``
+   preset, tables capped, short windows) trained offline, then frozen;
+2. **student period**: the teacher-output job runs the frozen teacher once
+   per example of everything after (1); every student trains on the
+   student days, with those outputs (the teacher is stale, as in ExFM);
+3. **validation day**: picks each student's epoch count (1..N) and standard
+   distillation's weight λ; nothing is chosen on (4);
+4. **eval day**: NE / AUC / calibration per domain and objective for the
+   teacher, the student alone, with standard distillation and with the full
+   transfer (aux head + Student Adapter + representation + shared tables),
+   plus each method alone.
+
+Transfer ratio (LoopFM's reading of "2x the effectiveness", model.md §1.2):
+``(NE_alone - NE_method) / (NE_alone - NE_teacher)`` on the pooled eval
+predictions of the three domain students (and per domain).
+
+Generated: ``pipelines.synthetic`` (``--days 8``: teacher days 1-4, students
+5-6, validation 7, eval 8; ``--teacher-period through-students``: teacher
+days 1-6). MovieLens-1M-dev (``../shared/data``): impressions
+split at the 80 / 88 / 90 % time quantiles (teacher: ``--ml-steps`` batches of
+512 sampled from the first 80 %, as in ``bench_quality``; eval: the last 10 %,
+the same examples as ``bench_quality``'s eval).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as dt
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import torch
+
+from benchmarks.bench_quality import SHARED, TABLE_CAP, bench_config
+from benchmarks.machine import cpu_model
+from features.metrics import binary_metrics
+from features.vocab import DOMAINS, TRAINING_OBJECTIVES
+from pipelines import movielens, reference
+from pipelines.synthetic import GeneratorConfig, ModelParams, generate_dataset
+from trainer.checkpoint import list_checkpoints
+from trainer.config import tiny
+from trainer.data import (
+    ExampleDataset,
+    cut_at_fraction,
+    event_time_ms,
+    read_examples,
+    read_timelines,
+    time_forward_split,
+)
+from trainer.distill import teacher_outputs
+from trainer.distill.records import read_teacher_outputs
+from trainer.distill.sharing import read_checkpoint, teacher_tables
+from trainer.distill.student_data import StudentData
+from trainer.distill.teacher import train_teacher
+from trainer.distill.train import FULL, DistillConfig, predict_student, train_student
+
+VARIANTS: dict[str, tuple[str, ...]] = {
+    "alone": (),
+    "standard": ("standard",),
+    "aux": ("aux",),
+    "adapter": ("adapter",),
+    "repr": ("repr",),
+    "share": ("share",),
+    "full": FULL,
+}
+KD_WEIGHTS = (0.5, 1.0, 2.0, 4.0)  # λ for standard distillation, chosen on val
+
+
+def _ms(day: dt.date) -> int:
+    return int(dt.datetime.combine(day, dt.time(), dt.UTC).timestamp() * 1000)
+
+
+def _metrics(y: np.ndarray, p: np.ndarray) -> dict[str, Any]:
+    return dataclasses.asdict(binary_metrics(y, p))
+
+
+@dataclasses.dataclass
+class Period:
+    """The student-side examples split into train / val / eval, per domain."""
+
+    train: dict[str, StudentData]
+    val: dict[str, StudentData]
+    eval: dict[str, StudentData]
+
+
+def student_period(
+    features: Path, outputs: pa.Table, val_cut: int, eval_cut: int
+) -> Period:
+    examples, timelines = read_examples(features), read_timelines(features)
+    t = pa.array(event_time_ms(examples))
+    parts = {
+        "train": examples.filter(pc.less(t, val_cut)),
+        "val": examples.filter(
+            pc.and_(pc.greater_equal(t, val_cut), pc.less(t, eval_cut))
+        ),
+        "eval": examples.filter(pc.greater_equal(t, eval_cut)),
+    }
+    return Period(
+        **{
+            name: {d: StudentData(table, timelines, d, outputs) for d in DOMAINS}
+            for name, table in parts.items()
+        }
+    )
+
+
+def pooled(
+    period: dict[str, StudentData], probs: dict[str, np.ndarray]
+) -> dict[str, Any]:
+    """Metrics per domain/objective and over all domains, from (N, O) probs."""
+    out: dict[str, Any] = {}
+    for i, o in enumerate(TRAINING_OBJECTIVES):
+        ys, ps = [], []
+        for d in DOMAINS:
+            y = period[d].labels()[:, i]
+            out[f"{d}/{o}"] = _metrics(y, probs[d][:, i])
+            ys.append(y)
+            ps.append(probs[d][:, i])
+        out[f"all/{o}"] = _metrics(np.concatenate(ys), np.concatenate(ps))
+    return out
+
+
+def teacher_probs(period: dict[str, StudentData]) -> dict[str, np.ndarray]:
+    out = {}
+    for d, data in period.items():
+        assert data.teacher is not None
+        assert data.teacher.present.all()
+        out[d] = 1 / (1 + np.exp(-data.teacher_own_logits().astype(np.float64)))
+    return out
+
+
+def run_variant(
+    cfg: DistillConfig, p: Period, dim: int, cap: int | None, tables: Any
+) -> dict[str, Any]:
+    """Train one student per domain, pick the epoch on val, score eval."""
+    val_probs, eval_probs, chosen, reports = {}, {}, {}, {}
+    for d in DOMAINS:
+        snapshots: list[tuple[float, np.ndarray, np.ndarray, np.ndarray | None]] = []
+
+        def on_epoch(
+            epoch: int,
+            student: Any,
+            adapter: Any,
+            d: str = d,
+            snapshots: list[Any] = snapshots,
+        ) -> None:
+            v, _ = predict_student(student, adapter, p.val[d])
+            e, a = predict_student(student, adapter, p.eval[d])
+            ne = binary_metrics(p.val[d].labels()[:, 0], v[:, 0]).ne
+            snapshots.append((ne if math.isfinite(ne) else math.inf, v, e, a))
+
+        _, _, report = train_student(
+            cfg,
+            p.train[d],
+            dim=dim,
+            cap=cap,
+            teacher_tables=tables,
+            on_epoch_end=on_epoch,
+        )
+        best = int(np.argmin([s[0] for s in snapshots]))
+        chosen[d] = best + 1
+        val_probs[d], eval_probs[d] = snapshots[best][1], snapshots[best][2]
+        adapted = snapshots[best][3]
+        reports[d] = {
+            "epochs_chosen": best + 1,
+            "train_seconds": report["train"]["seconds"],
+            "parameters": report["parameters"],
+            "shared_tables": len(report["shared_tables"]),
+            "teacher_seen": report["teacher_seen"],
+            "progressive": report["progressive"],
+            "adapter_eval_calibration": (
+                {
+                    o: binary_metrics(
+                        p.eval[d].labels()[:, i], adapted[:, i]
+                    ).calibration
+                    for i, o in enumerate(TRAINING_OBJECTIVES)
+                }
+                if adapted is not None
+                else None
+            ),
+        }
+    return {
+        "val": pooled(p.val, val_probs),
+        "eval": pooled(p.eval, eval_probs),
+        "epochs_chosen": chosen,
+        "domains": reports,
+    }
+
+
+def transfer_ratio(alone: float, method: float, teacher: float) -> float:
+    """(NE_alone - NE_method) / (NE_alone - NE_teacher)."""
+    return (alone - method) / (alone - teacher) if alone != teacher else math.nan
+
+
+def run_section(
+    name: str,
+    teacher_features: Path,
+    student_features: Path,
+    val_cut: int,
+    eval_cut: int,
+    args: argparse.Namespace,
+    work: Path,
+    teacher_args: dict[str, Any],
+) -> dict[str, Any]:
+    config = bench_config(args.max_seq_len)
+    started = time.perf_counter()
+    data = ExampleDataset(teacher_features, max_seq_len=args.max_seq_len)
+    ckpt = train_teacher(data, config, work / "teacher", seed=args.seed, **teacher_args)
+    teacher_s = time.perf_counter() - started
+    teacher_examples = len(data)
+    print(
+        f"{name}: teacher on {teacher_examples} examples, {teacher_s:.0f} s", flush=True
+    )
+    del data
+    summary = teacher_outputs.run(
+        student_features, ckpt, work / "teacher_outputs", max_seq_len=args.max_seq_len
+    )
+    print(f"{name}: teacher outputs {summary}", flush=True)
+    outputs = read_teacher_outputs(work / "teacher_outputs")
+    period = student_period(student_features, outputs, val_cut, eval_cut)
+    state = read_checkpoint(ckpt)
+    tables = teacher_tables(state)
+    dim, cap = config.embedding.dim, config.embedding.max_num_embeddings
+    base = DistillConfig(
+        epochs=args.student_epochs,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        seed=args.seed,
+    )
+    result: dict[str, Any] = {
+        "teacher": {
+            "train_examples": teacher_examples,
+            "recipe": teacher_args,
+            "seconds": teacher_s,
+            "step": int(state["step"]),
+            "trained_until_ms": int(state["trained_until_ms"]),
+            "val": pooled(period.val, teacher_probs(period.val)),
+            "eval": pooled(period.eval, teacher_probs(period.eval)),
+        },
+        "teacher_outputs": summary,
+        "sizes": {
+            part: {d: len(getattr(period, part)[d]) for d in DOMAINS}
+            for part in ("train", "val", "eval")
+        },
+        "variants": {},
+    }
+    for variant, methods in VARIANTS.items():
+        weights = KD_WEIGHTS if variant == "standard" else (1.0,)
+        candidates = {}
+        for w in weights:
+            t0 = time.perf_counter()
+            cfg = dataclasses.replace(base, methods=methods, kd_weight=w)
+            candidates[w] = run_variant(cfg, period, dim, cap, tables)
+            candidates[w]["kd_weight"] = w
+            candidates[w]["seconds"] = time.perf_counter() - t0
+        w_best = min(candidates, key=lambda w: candidates[w]["val"]["all/click"]["ne"])
+        chosen = candidates[w_best]
+        if variant == "standard":
+            chosen["kd_weight_val_ne"] = {
+                str(w): c["val"]["all/click"]["ne"] for w, c in candidates.items()
+            }
+        result["variants"][variant] = chosen
+        print(
+            f"{name}: {variant} eval all/click NE "
+            f"{chosen['eval']['all/click']['ne']:.4f}"
+            f" ({chosen['seconds']:.0f} s)",
+            flush=True,
+        )
+    result["transfer_ratio"] = ratios(result)
+    result["seconds"] = time.perf_counter() - started
+    return result
+
+
+def ratios(result: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """Transfer ratio of every variant on every click / conversion slice."""
+    teacher = result["teacher"]["eval"]
+    alone = result["variants"]["alone"]["eval"]
+    out: dict[str, dict[str, float]] = {}
+    for variant, r in result["variants"].items():
+        if variant == "alone":
+            continue
+        out[variant] = {}
+        for key in teacher:
+            values = (alone[key]["ne"], r["eval"][key]["ne"], teacher[key]["ne"])
+            if any(v is None or not math.isfinite(v) for v in values):
+                continue
+            out[variant][key] = transfer_ratio(*values)
+    return out
+
+
+def generated(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    gen = GeneratorConfig(
+        users=args.users, ads=args.ads, days=args.days, seed=args.seed
+    )
+    generate_dataset(gen, work / "gen")
+    assert (
+        reference.main(
+            ["--input", str(work / "gen"), "--output", str(work / "f"), "--overwrite"]
+        )
+        == 0
+    )
+    teacher_days = args.days - 4
+    student_cut = _ms(gen.start + dt.timedelta(days=teacher_days))
+    val_cut = _ms(gen.start + dt.timedelta(days=args.days - 2))
+    eval_cut = _ms(gen.start + dt.timedelta(days=args.days - 1))
+    n_teacher, n_student = time_forward_split(
+        work / "f", student_cut, work / "teacher_f", work / "student_f"
+    )
+    if args.teacher_period == "through-students":
+        # The teacher also trains on the student days (everything before the
+        # validation day): fresher and on 50 % more data; its outputs on the
+        # student days are then in-sample, as in ordinary offline KD.
+        n_teacher, _ = time_forward_split(
+            work / "f", val_cut, work / "teacher_f", work / "unused_f"
+        )
+    print(f"generated: teacher {n_teacher}, student period {n_student}", flush=True)
+    return run_section(
+        "generated",
+        work / "teacher_f",
+        work / "student_f",
+        val_cut,
+        eval_cut,
+        args,
+        work,
+        {
+            "epochs": args.teacher_epochs,
+            "batch_size": args.batch_size,
+            "lr": args.teacher_lr,
+        },
+    ) | {"cuts_ms": [student_cut, val_cut, eval_cut]}
+
+
+def movielens_section(args: argparse.Namespace, work: Path) -> dict[str, Any] | None:
+    source = SHARED / "movielens-1m-dev"
+    if not (source / "ratings.dat").exists():
+        print(f"movielens: {source} absent, section skipped", flush=True)
+        return None
+    movielens.run(source, work / "ml", overwrite=True)
+    assert (
+        reference.main(
+            ["--input", str(work / "ml"), "--output", str(work / "f"), "--overwrite"]
+        )
+        == 0
+    )
+    cuts = [cut_at_fraction(work / "f", q) for q in (0.8, 0.88, 0.9)]
+    n_teacher, n_student = time_forward_split(
+        work / "f", cuts[0], work / "teacher_f", work / "student_f"
+    )
+    print(f"movielens: teacher {n_teacher}, student period {n_student}", flush=True)
+    return run_section(
+        "movielens",
+        work / "teacher_f",
+        work / "student_f",
+        cuts[1],
+        cuts[2],
+        args,
+        work,
+        {
+            "epochs": 1,
+            "batch_size": 512,
+            "lr": args.teacher_lr,
+            "max_steps_per_epoch": args.ml_steps,
+        },
+    ) | {"cuts_ms": cuts}
+
+
+FRESHNESS_VARIANTS: dict[str, tuple[str, ...]] = {
+    "alone": (),
+    "standard": ("standard",),
+    "full": FULL,
+}
+
+
+def freshness(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    """The drift scenario: base rates rise every day, the teacher is frozen at
+    day ``--fresh-k``, students keep training (one pass, in time order).
+
+    Calibration per day is progressive (each batch scored before it is
+    trained on) and measured against the generator's *true* probabilities
+    (sum of predictions / sum of true p): the label-based ratio has a
+    sampling error of about 1/sqrt(positives), several % per day here.
+    """
+    drift = (args.fresh_drift,) * len(DOMAINS)
+    gen = GeneratorConfig(
+        users=args.fresh_users,
+        ads=args.fresh_users // 10,
+        days=args.fresh_days,
+        seed=args.seed,
+        params=ModelParams(base_logit_drift_per_day=drift),
+    )
+    frozen_at = _ms(gen.start + dt.timedelta(days=args.fresh_k))
+    # --reuse: the same config's data, teacher and outputs from an earlier run.
+    reuse = args.reuse and any((work / "teacher_outputs").glob("*.parquet"))
+    if not reuse:
+        generate_dataset(gen, work / "gen")
+        assert (
+            reference.main(
+                [
+                    "--input",
+                    str(work / "gen"),
+                    "--output",
+                    str(work / "f"),
+                    "--overwrite",
+                ]
+            )
+            == 0
+        )
+        time_forward_split(
+            work / "f", frozen_at, work / "teacher_f", work / "student_f"
+        )
+    base = tiny()
+    config = dataclasses.replace(
+        base,
+        embedding=dataclasses.replace(
+            base.embedding, max_num_embeddings=TABLE_CAP, max_seq_len=16
+        ),
+    )
+    if reuse:
+        ckpt = list_checkpoints(work / "teacher")[-1]
+    else:
+        data = ExampleDataset(work / "teacher_f", max_seq_len=16)
+        ckpt = train_teacher(
+            data, config, work / "teacher", lr=args.teacher_lr, seed=args.seed
+        )
+        del data
+        teacher_outputs.run(
+            work / "student_f", ckpt, work / "teacher_outputs", max_seq_len=16
+        )
+    tables = teacher_tables(read_checkpoint(ckpt))
+    outputs = read_teacher_outputs(work / "teacher_outputs")
+    examples = read_examples(work / "student_f")
+    timelines = read_timelines(work / "student_f")
+    truth = pq.read_table(work / "gen" / "truth.parquet")
+    truth_p = dict(
+        zip(
+            truth.column("impression_id").to_pylist(),
+            truth.column("p_click").to_numpy().tolist(),
+            strict=True,
+        )
+    )
+    result: dict[str, Any] = {
+        "drift_logit_per_day": args.fresh_drift,
+        "teacher_frozen_at_ms": frozen_at,
+        "domains": {},
+    }
+    for d in DOMAINS:
+        data = StudentData(examples, timelines, d, outputs)
+        days = data.times // 86_400_000
+        p_true = np.array(
+            [truth_p[i] for i in data.examples.column("example_id").to_pylist()]
+        )
+        true_sum = {
+            str(np.datetime64(int(x), "D")): float(p_true[days == x].sum())
+            for x in np.unique(days)
+        }
+        curves: dict[str, Any] = {"true_click_sum": true_sum}
+        for variant, methods in FRESHNESS_VARIANTS.items():
+            cfg = DistillConfig(
+                methods=methods,
+                epochs=1,
+                shuffle=False,
+                batch_size=args.batch_size,
+                lr=args.lr,
+                seed=args.seed,
+            )
+            _, _, report = train_student(
+                cfg,
+                data,
+                dim=config.embedding.dim,
+                cap=TABLE_CAP,
+                teacher_tables=tables,
+            )
+            prog = report["progressive"]
+            curves[variant] = {
+                day: prog[day]["click"]["student_sum"] / true_sum[day] for day in prog
+            }
+            if variant == "standard":
+                curves["teacher"] = {
+                    day: prog[day]["click"]["teacher_sum"] / true_sum[day]
+                    for day in prog
+                }
+            if variant == "full":
+                curves["adapter"] = {
+                    day: prog[day]["click"]["adapter_sum"] / true_sum[day]
+                    for day in prog
+                }
+                curves["positives"] = {
+                    day: prog[day]["click"]["positives"] for day in prog
+                }
+                curves["label_calibration_full"] = {
+                    day: prog[day]["click"]["student_calibration"] for day in prog
+                }
+        result["domains"][d] = curves
+        print(
+            f"freshness {d}: "
+            + json.dumps(
+                {
+                    k: {day: round(v, 3) for day, v in c.items()}
+                    for k, c in curves.items()
+                    if k in ("teacher", "adapter", "standard", "full")
+                }
+            ),
+            flush=True,
+        )
+    if args.png:
+        plot_freshness(result, args.png)
+    return result
+
+
+def plot_freshness(result: dict[str, Any], path: Path) -> None:
+    """Click calibration (vs true probabilities) per day, one panel per domain."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(DOMAINS), figsize=(5 * len(DOMAINS), 3.6))
+    labels = {
+        "teacher": "raw teacher (frozen)",
+        "adapter": "Student Adapter",
+        "standard": "student, standard KD",
+        "full": "student, full transfer",
+        "alone": "student alone",
+    }
+    for ax, d in zip(axes, DOMAINS, strict=True):
+        curves = result["domains"][d]
+        for key, label in labels.items():
+            days = sorted(curves[key])
+            ax.plot(
+                range(len(days)),
+                [curves[key][x] for x in days],
+                marker="o",
+                label=label,
+            )
+        ax.axhspan(0.98, 1.02, color="green", alpha=0.15, label="1.0 ± 2%")
+        ax.set_xticks(range(len(days)), [x[5:] for x in days], fontsize="small")
+        ax.set_title(f"{d}: click calibration, teacher frozen")
+        ax.set_ylabel("Σ predicted / Σ true p")
+        ax.legend(fontsize="x-small")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _f(x: float | None, spec: str = ".4f") -> str:
+    return "n/a" if x is None or not math.isfinite(x) else format(x, spec)
+
+
+def table(result: dict[str, Any], objectives: tuple[str, ...]) -> str:
+    """Markdown: rows = teacher and variants, cells = NE / AUC per slice."""
+    slices = [f"{d}/{o}" for o in objectives for d in DOMAINS] + [
+        f"all/{o}" for o in objectives
+    ]
+    lines = [
+        "| model | " + " | ".join(slices) + " | ratio all/click |",
+        "|---|" + "---:|" * (len(slices) + 1),
+    ]
+    rows = [("teacher (GEM, frozen)", result["teacher"]["eval"], None)]
+    rows += [
+        (
+            f"student: {v}",
+            r["eval"],
+            result["transfer_ratio"].get(v, {}).get("all/click"),
+        )
+        for v, r in result["variants"].items()
+    ]
+    for label, m, ratio in rows:
+        cells = [f"{_f(m[s]['ne'])} / {_f(m[s]['auc'], '.3f')}" for s in slices]
+        lines.append(f"| {label} | " + " | ".join(cells) + f" | {_f(ratio, '.2f')} |")
+    cells = [f"{m[s]['count']} / {m[s]['positives']}" for s in slices]
+    lines.append("| count / positives | " + " | ".join(cells) + " | |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument(
+        "--section",
+        choices=("all", "generated", "movielens", "freshness"),
+        default="all",
+    )
+    p.add_argument("--fresh-users", type=int, default=6000)
+    p.add_argument("--fresh-days", type=int, default=8)
+    p.add_argument("--fresh-k", type=int, default=2, help="teacher frozen at day k")
+    p.add_argument("--fresh-drift", type=float, default=0.15, help="logit per day")
+    p.add_argument("--png", type=Path, default=None, help="freshness curves")
+    p.add_argument(
+        "--reuse", action="store_true", help="freshness: reuse data and teacher"
+    )
+    p.add_argument("--users", type=int, default=3000)
+    p.add_argument("--ads", type=int, default=400)
+    p.add_argument("--days", type=int, default=8)
+    p.add_argument("--teacher-epochs", type=int, default=2)
+    p.add_argument(
+        "--teacher-period",
+        choices=("before-students", "through-students"),
+        default="before-students",
+        help="generated: teacher frozen before the student days, or trained "
+        "through them (up to the validation day)",
+    )
+    p.add_argument("--teacher-lr", type=float, default=2e-3)
+    p.add_argument("--ml-steps", type=int, default=100)
+    p.add_argument("--student-epochs", type=int, default=3)
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--max-seq-len", type=int, default=64)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--work", type=Path, default=Path("/tmp/bench_distill"))
+    p.add_argument("--json", type=Path, default=None)
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    started = time.perf_counter()
+    result: dict[str, Any] = {
+        "args": {k: str(v) for k, v in vars(args).items()},
+        "machine": cpu_model(),
+    }
+    sections = {
+        "generated": generated,
+        "movielens": movielens_section,
+        "freshness": freshness,
+    }
+    for name, fn in sections.items():
+        if args.section not in ("all", name):
+            continue
+        (args.work / name).mkdir(parents=True, exist_ok=True)
+        r = fn(args, args.work / name)
+        result[name] = r
+        if r is None or name == "freshness":
+            continue
+        objectives = TRAINING_OBJECTIVES if name == "generated" else ("click",)
+        print(f"\n## {name}: eval NE / AUC (transfer ratio on all/click)\n")
+        print(table(r, objectives))
+        print(
+            "\ntransfer ratios:",
+            json.dumps(
+                {
+                    v: {k: round(x, 3) for k, x in d.items()}
+                    for v, d in r["transfer_ratio"].items()
+                }
+            ),
+        )
+        if args.json:  # after each section: a crash later keeps what is done
+            args.json.write_text(json.dumps(result, indent=1, default=str))
+    result["seconds"] = time.perf_counter() - started
+    print(f"\ntotal {result['seconds']:.0f} s")
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

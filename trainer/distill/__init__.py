@@ -1,0 +1,34 @@
+"""Knowledge transfer from the GEM teacher to vertical students (issue 7).
+
+Modules, one job each:
+
+- :mod:`~trainer.distill.records`: the teacher-output rows (Arrow / Parquet)
+  and their join to examples;
+- :mod:`~trainer.distill.teacher` / :mod:`~trainer.distill.teacher_outputs`:
+  the teacher checkpoint and the job that runs it once per example;
+- :mod:`~trainer.distill.student`: the compact per-domain DLRM student;
+- :mod:`~trainer.distill.losses`, :mod:`~trainer.distill.adapter`,
+  :mod:`~trainer.distill.sharing`: the transfer methods;
+- :mod:`~trainer.distill.train` / :mod:`~trainer.distill.run`: training a
+  student, and the batch CLI ``python -m trainer.distill``;
+- :mod:`~trainer.distill.teacher_stream` / :mod:`~trainer.distill.daemon`:
+  the stream form (teacher outputs over Kafka; a student daemon per domain
+  with the trainer daemon's checkpoint guarantees, both topics' offsets).
+
+What is public and what is ours (model.md §6):
+
+- **Public (ExFM, arXiv 2502.17494)**: external distillation with the
+  teacher run once per example (DAS), the auxiliary distillation head with
+  label scaling α, loss weight w and gradient scaling β (Eq. 3-5), the
+  Student Adapter ``MLP(ŷ_F)`` trained on fresh labels and used as a
+  stop-gradient soft target for a second head (Eq. 6-7). Standard KD is
+  Hinton et al. (2015). The equations were transcribed from an unofficial
+  re-implementation (model.md §6.1), not checked against the PDF.
+- **Ours**: the adapter's extra inputs (domain, objective, staleness), its
+  identity initialisation and "score before learning" order; the student
+  architecture (per domain, torchrec DLRM arches over non-sequential
+  features); representation transfer as "teacher summary embedding = student
+  dense input" (LoopFM describes the idea, not this form); parameter sharing
+  as "id tables copied from the teacher checkpoint" (GEM's "selectively
+  incorporate components" is not detailed anywhere public); the knob values.
+"""

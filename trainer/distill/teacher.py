@@ -1,0 +1,191 @@
+"""The GEM teacher's checkpoint: train one, save it, load it, run it forward.
+
+Only :mod:`trainer.distill.teacher_outputs` (and the benchmark / demo that
+train the teacher) import this module; students read the teacher's *outputs*
+(:mod:`trainer.distill.records`) and, for parameter sharing, raw tensors of
+its checkpoint (:mod:`trainer.distill.sharing`), never this code.
+
+A teacher checkpoint is a :mod:`trainer.checkpoint` file (atomic write, the
+same loader) with, besides the required keys, ``model_name``,
+``model_config`` (the full :class:`~trainer.config.ModelConfig` as plain
+dicts) and ``trained_until_ms`` (newest example time trained on: the
+"teacher time" that student staleness is measured against). A trainer-daemon
+checkpoint (no config) loads too, given ``--model`` / ``--preset``; its
+teacher time is then the file's modification time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+
+from trainer.batch import Batch
+from trainer.checkpoint import load_latest, save_checkpoint
+from trainer.config import (
+    BaselineConfig,
+    EmbeddingConfig,
+    HeadsConfig,
+    InterFormerConfig,
+    Kernel,
+    ModelConfig,
+    PyramidConfig,
+    WukongConfig,
+)
+from trainer.data import ExampleDataset, event_time_ms
+from trainer.fit import FitConfig, base_rate_logits, make_optimizer
+from trainer.models.base_rate import BaseRateOffset, prior_logits
+from trainer.models.registry import build_model, model_config
+from trainer.models.train import GEMTrain
+from trainer.train_step import train_step
+
+
+def config_to_dict(config: ModelConfig) -> dict[str, Any]:
+    """A ``weights_only``-loadable form of the config (enums as strings)."""
+    raw = dataclasses.asdict(config)
+    raw["kernel"] = str(config.kernel.value)
+    return raw
+
+
+def config_from_dict(raw: dict[str, Any]) -> ModelConfig:
+    """Inverse of :func:`config_to_dict` (lists back to tuples)."""
+
+    def part(cls: Any, values: dict[str, Any]) -> Any:
+        fixed = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
+        return cls(**fixed)
+
+    return ModelConfig(
+        embedding=part(EmbeddingConfig, raw["embedding"]),
+        wukong=part(WukongConfig, raw["wukong"]),
+        pyramid=part(PyramidConfig, raw["pyramid"]),
+        interformer=part(InterFormerConfig, raw["interformer"]),
+        heads=part(HeadsConfig, raw["heads"]),
+        baseline=part(BaselineConfig, raw["baseline"]),
+        use_sequences=bool(raw["use_sequences"]),
+        kernel=Kernel(raw["kernel"]),
+    )
+
+
+class Teacher(NamedTuple):
+    """A loaded teacher: the model (eval mode) and its checkpoint facts."""
+
+    model: GEMTrain
+    config: ModelConfig
+    step: int
+    time_ms: int
+    path: Path
+
+
+def train_teacher(
+    data: ExampleDataset,
+    config: ModelConfig,
+    checkpoint_dir: Path,
+    *,
+    model_name: str = "gem",
+    epochs: int = 1,
+    batch_size: int = 256,
+    lr: float = 2e-3,
+    max_steps_per_epoch: int | None = None,
+    seed: int = 0,
+) -> Path:
+    """Train a GEM teacher offline on ``data`` and save its checkpoint.
+
+    The same recipe as :func:`trainer.fit.fit` (Adam, base-rate offsets,
+    grad clip 10, a seeded epoch order); returns the checkpoint path.
+    """
+    torch.manual_seed(seed)
+    model = GEMTrain(
+        BaseRateOffset(build_model(model_name, config), base_rate_logits(data))
+    )
+    cfg = FitConfig(train=data.path, eval=data.path, model=model_name, lr=lr)
+    optimizer = make_optimizer(model, cfg)
+    step, newest = 0, 0
+    times = event_time_ms(data.examples)
+    for epoch in range(epochs):
+        order = data.order(shuffle=True, seed=seed, epoch=epoch)
+        chunks = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+        for rows in chunks[:max_steps_per_epoch]:
+            train_step(model, data.batch(rows), optimizer, 10.0)
+            newest = max(newest, int(times[rows].max()))
+            step += 1
+    return save_checkpoint(
+        checkpoint_dir,
+        {
+            "model": model.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "step": step,
+            "offsets": {},
+            "model_name": model_name,
+            "model_config": config_to_dict(config),
+            "trained_until_ms": newest,
+        },
+    )
+
+
+def load_teacher(
+    path: Path, *, model_name: str = "gem", preset: str = "tiny"
+) -> Teacher:
+    """Load a teacher checkpoint file, or the newest one in a directory.
+
+    ``model_name`` / ``preset`` are used only for checkpoints without a
+    stored config (the trainer daemon's).
+    """
+    if path.is_dir():
+        found = load_latest(path)
+        if found is None:
+            raise FileNotFoundError(f"no readable checkpoint in {path}")
+        state, path = found
+    else:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    if "model_config" in state:
+        config = config_from_dict(state["model_config"])
+        model_name = str(state.get("model_name", model_name))
+    else:
+        config = model_config(model_name, preset)
+    # The offsets' initial values are overwritten by the state dict.
+    model = GEMTrain(BaseRateOffset(build_model(model_name, config), prior_logits()))
+    model.load_state_dict(state["model"])
+    model.eval()
+    time_ms = int(state.get("trained_until_ms", int(path.stat().st_mtime * 1000)))
+    return Teacher(model, config, int(state["step"]), time_ms, path)
+
+
+def summary_module(model: GEMTrain) -> torch.nn.Module:
+    """The module whose *input* is the teacher's summary embedding (GEM heads)."""
+    inner = (
+        model.model.inner if isinstance(model.model, BaseRateOffset) else model.model
+    )
+    heads = getattr(inner, "heads", None)
+    if not isinstance(heads, torch.nn.Module):
+        raise TypeError(
+            f"{type(inner).__name__} has no `heads`: the teacher must be a GEM model"
+        )
+    return heads
+
+
+@torch.no_grad()
+def teacher_forward(
+    teacher: Teacher, batches: Iterator[Batch]
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Per batch: logits (B, Dm, O) and summary embeddings (B, E), as numpy.
+
+    The summary embedding is the trunk output the PLE heads read (InterFormer's
+    ``[X_sum ∥ S_sum]`` tokens, flattened): what GEM knows about the example
+    before any (domain, objective) tower. Captured with a forward hook, so the
+    teacher runs exactly once per example.
+    """
+    captured: list[torch.Tensor] = []
+    hook = summary_module(teacher.model).register_forward_hook(
+        lambda _m, inputs, _out: captured.append(inputs[0].detach())
+    )
+    try:
+        for batch in batches:
+            captured.clear()
+            logits = teacher.model.model(batch)
+            yield logits.float().numpy(), captured[0].float().numpy()
+    finally:
+        hook.remove()

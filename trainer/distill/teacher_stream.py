@@ -1,0 +1,189 @@
+"""Teacher outputs over Kafka: example messages in, teacher-output messages out.
+
+Usage::
+
+    python -m trainer.distill.teacher_stream --kafka-bootstrap HOST:PORT \\
+        --examples-topic gem.examples --output-topic gem.teacher-outputs \\
+        --group gem-teacher-outputs --teacher CKPT --checkpoint-dir DIR \\
+        [--idle-seconds 10] [--partitions 4]
+
+The stream form of :mod:`trainer.distill.teacher_outputs`: every example
+message of the trainer's topic (:mod:`features.example_messages`) is run
+through the teacher once and its rows (:mod:`trainer.distill.records`) are
+published as one message (Kafka key: the first example id; each row carries
+its own). Offsets of the examples topic live in checkpoints written with
+:mod:`trainer.checkpoint` *after* the producer flushed, so a crash replays
+at most the messages since the last checkpoint: teacher rows are
+at-least-once, and a duplicate is harmless (same example id, same values
+for one teacher checkpoint; readers keep the first).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from features.kafka import KafkaSettings
+from features.kafka.settings import add_kafka_arguments
+from features.kafka.topics import ensure_topics
+from trainer.checkpoint import load_latest, save_checkpoint
+from trainer.data import event_time_ms
+from trainer.distill.records import (
+    encode_teacher_message,
+    teacher_message_headers,
+    teacher_output_table,
+)
+from trainer.distill.teacher import load_teacher, teacher_forward
+from trainer.kafka_source import KafkaSource
+
+log = logging.getLogger(__name__)
+
+
+def run_stream(
+    settings: KafkaSettings,
+    *,
+    examples_topic: str,
+    output_topic: str,
+    group: str,
+    teacher_path: Path,
+    checkpoint_dir: Path,
+    idle_seconds: float | None = None,
+    checkpoint_every: int = 50,
+    partitions: int = 4,
+    model_name: str = "gem",
+    preset: str = "tiny",
+) -> dict[str, Any]:
+    """Run until SIGTERM-free idle (``idle_seconds``) or forever; returns counts."""
+    from kafka import KafkaProducer
+
+    teacher = load_teacher(teacher_path, model_name=model_name, preset=preset)
+    loaded = load_latest(checkpoint_dir)
+    offsets: dict[int, int] = {}
+    messages = rows_out = 0
+    if loaded is not None:
+        state = loaded[0]
+        offsets = {int(p): int(o) for p, o in state["offsets"].items()}
+        messages, rows_out = int(state["step"]), int(state["rows"])
+    ensure_topics(settings, {output_topic: partitions})
+    source = KafkaSource(
+        settings,
+        examples_topic,
+        group,
+        max_seq_len=teacher.config.embedding.max_seq_len,
+        offsets=offsets,
+        keep_examples=True,
+        dead_letter=f"{examples_topic}.{group}.dead-letter",
+    ).start()
+    producer = KafkaProducer(**settings.client_config(), acks="all")
+    since_checkpoint = 0
+
+    def checkpoint() -> None:
+        producer.flush()  # the rows are durable before the offsets move on
+        save_checkpoint(
+            checkpoint_dir,
+            {
+                "model": {},
+                "optimizer": {},
+                "step": messages,
+                "rows": rows_out,
+                "offsets": {str(p): o for p, o in source.offsets().items()},
+                "teacher_step": teacher.step,
+            },
+        )
+        source.request_commit()
+
+    try:
+        while True:
+            # Every loop iteration is a fence point for rebalances (the
+            # source's listener waits for one), idle or not.
+            source.iteration_done()
+            item = source.next(timeout=0.5)
+            if item is None:
+                if idle_seconds is not None and source.drained(idle_seconds):
+                    break
+                continue
+            if item.batch is not None:
+                logits, emb = next(teacher_forward(teacher, iter([item.batch])))
+                rows = item.decoded.examples
+                ids = rows.column("example_id").combine_chunks()
+                table = teacher_output_table(
+                    ids,
+                    event_time_ms(rows),
+                    logits,
+                    emb,
+                    step=teacher.step,
+                    teacher_time_ms=teacher.time_ms,
+                )
+                producer.send(
+                    output_topic,
+                    key=str(ids[0]).encode(),
+                    value=encode_teacher_message(table),
+                    headers=teacher_message_headers(),
+                )
+                rows_out += table.num_rows
+            messages += 1
+            source.mark(item.partition, item.offset + 1)
+            since_checkpoint += 1
+            if since_checkpoint >= checkpoint_every:
+                checkpoint()
+                since_checkpoint = 0
+        checkpoint()
+    finally:
+        producer.close()
+        source.close()
+    return {
+        "messages": messages,
+        "teacher_rows": rows_out,
+        "dead_letters": source.dead_letters,
+        "teacher_step": teacher.step,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI entry point (see the module docstring)."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--examples-topic", required=True)
+    p.add_argument("--output-topic", required=True)
+    p.add_argument("--group", default="gem-teacher-outputs")
+    p.add_argument("--teacher", type=Path, required=True)
+    p.add_argument("--checkpoint-dir", type=Path, required=True)
+    p.add_argument("--idle-seconds", type=float, default=None)
+    p.add_argument("--checkpoint-every", type=int, default=50, metavar="MESSAGES")
+    p.add_argument("--partitions", type=int, default=4)
+    p.add_argument("--model", default="gem", help="for config-less checkpoints")
+    p.add_argument("--preset", default="tiny", help="for config-less checkpoints")
+    p.add_argument("--threads", type=int, default=1)
+    add_kafka_arguments(p)
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, force=True)
+    torch.set_num_threads(args.threads)
+    settings = KafkaSettings.from_args(args)
+    if settings.embedded:
+        p.error("--kafka-bootstrap is required")
+    started = time.perf_counter()
+    result = run_stream(
+        settings,
+        examples_topic=args.examples_topic,
+        output_topic=args.output_topic,
+        group=args.group,
+        teacher_path=args.teacher,
+        checkpoint_dir=args.checkpoint_dir,
+        idle_seconds=args.idle_seconds,
+        checkpoint_every=args.checkpoint_every,
+        partitions=args.partitions,
+        model_name=args.model,
+        preset=args.preset,
+    )
+    result["seconds"] = time.perf_counter() - started
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
