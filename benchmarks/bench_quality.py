@@ -3,29 +3,37 @@
 Usage::
 
     python -m benchmarks.bench_quality [--section all|generated|movielens]
-        [--users 2000 --ads 250 --days 6] [--epochs 2] [--batch-size 256]
-        [--max-seq-len 64] [--ml-steps 120] [--work DIR] [--json FILE]
+        [--users 20000 --ads 2000 --days 7] [--epochs 3] [--steps 120]
+        [--batch-size 256] [--max-seq-len 32] [--validation-sample 10000]
+        [--work DIR] [--json FILE]
+
+Three periods per data set, split forward in time at fixed timestamps:
+**train** < validation cut <= **validation** < eval cut <= **eval**. Every
+model gets the same budget rule: ``--epochs`` epochs of ``--steps`` batches
+(each epoch a fresh seeded random sample of the train period, the same
+samples for every model), scored after every epoch on a fixed sample of the
+validation period; the epoch with the best validation click NE is the one
+evaluated (:func:`trainer.fit.fit`). The eval period is never used to choose.
 
 (a) **generated**: ``pipelines.synthetic`` events → ``pipelines.reference``
-features → time-forward split at the fixed timestamp "start of the last day"
-(so ~(days-1)/days of the impressions train) → each model trained with the
-same budget (epochs, batch, seed) → NE / AUC / calibration per (domain,
-objective) on the eval impressions, next to the **Bayes-optimal** metrics of
-the generator's true probabilities (``truth.parquet``) on exactly those
-impressions, and the fraction of the DLRM → Bayes NE gap GEM closes.
+features → validation = the second-to-last day, eval = the last day → NE /
+AUC / calibration per (domain, objective), next to the **Bayes-optimal**
+metrics of the generator's true probabilities (``truth.parquet``) on exactly
+the eval impressions, and the fraction of the DLRM → Bayes NE gap GEM closes.
 
 (b) **movielens**: ``../shared/data/movielens-1m-dev`` (skipped with a
-message when absent) → ``pipelines.movielens`` → reference features → split at
-the timestamp before which 90 % of the impressions lie → the same 6 models,
-each for one epoch of ``--ml-steps`` batches (the same random sample of the
-train period for every model: 400 k train examples do not fit the CPU budget).
+message when absent) → ``pipelines.movielens`` → reference features → eval =
+the last 10 % of impressions (fixed timestamp), validation = the last 10 % of
+the rest.
 
-Model config: the ``default`` preset with two changes, the same for all
-models: tables capped at 20,011 rows (these sets have < 4,000 users and ads,
-so the cap adds no real collisions, and a dense Adam step over 100,003-row
-tables costs ~10 % of a step) and ``max_seq_len`` ``--max-seq-len`` (the
-pure-PyTorch pyramid costs ~linear in window length; see README). NE is
-normalized by the eval slice's own base rate.
+Significance: a paired bootstrap over eval impressions (Poisson(1) weights,
+``--bootstrap`` resamples) gives a 95 % interval for every model's overall
+click NE minus GEM's (and, on generated data, for the gap GEM closes): with a
+few hundred positives, differences of a few 0.01 NE are noise.
+
+Model config (:func:`bench_config`): the ``default`` preset with tables capped
+at 20,011 rows and ``max_seq_len`` ``--max-seq-len``, the same for all
+models. NE is normalized by the eval slice's own base rate.
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ import dataclasses
 import datetime as dt
 import json
 import math
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -90,29 +99,204 @@ def bayes_on(eval_dir: Path, truth_path: Path) -> dict[str, Any]:
     return out
 
 
+# GEM without the TargetMatch event feature: the evidence for that fix.
+NO_TARGET_MATCH = "gem_no_target_match"
+
+
+def bayes_probs_aligned(eval_dir: Path, truth_path: Path) -> np.ndarray:
+    """True click probabilities in the eval dataset's row order."""
+    ids = read_examples(eval_dir).column("example_id").to_pylist()
+    truth = pq.read_table(truth_path, columns=["impression_id", "p_click"])
+    index = {k: i for i, k in enumerate(truth.column("impression_id").to_pylist())}
+    p = truth.column("p_click").to_numpy()
+    return np.asarray(p[[index[k] for k in ids]], dtype=np.float64)
+
+
 def run_models(
-    train: Path, evals: Path, cfg: ModelConfig, **fit_args: Any
+    train: Path,
+    validation: Path,
+    evals: Path,
+    cfg: ModelConfig,
+    predictions: dict[str, dict[str, np.ndarray]],
+    extra_target_match_ablation: bool = False,
+    models: list[str] | None = None,
+    save: Path | None = None,
+    combine: bool = False,
+    **fit_args: Any,
 ) -> dict[str, Any]:
-    """Fit every model with the same budget; reports by model name."""
+    """Fit every model with the same budget rule; reports by model name.
+
+    ``predictions`` receives each model's eval predictions (row-aligned).
+    ``models`` restricts the run to these labels (several processes can
+    share the work on a small CPU); ``save`` keeps each model's report and
+    predictions as it finishes; ``combine`` trains nothing and loads every
+    model found in ``save`` instead.
+    """
+    runs = [(name, name, cfg) for name in MODEL_NAMES]
+    if extra_target_match_ablation:
+        off = dataclasses.replace(cfg.embedding, target_match=False)
+        runs.append((NO_TARGET_MATCH, "gem", dataclasses.replace(cfg, embedding=off)))
+    reports = {}
+    if combine:
+        assert save is not None, "--combine needs --save"
+        for label, _, _ in runs:
+            if (save / f"{label}.json").exists():
+                reports[label] = json.loads((save / f"{label}.json").read_text())
+                with np.load(save / f"{label}.npz") as saved:
+                    predictions[label] = dict(saved)
+        return reports
+    runs = [r for r in runs if models is None or r[0] in models]
     seq = cfg.embedding.max_seq_len
     train_data = ExampleDataset(train, max_seq_len=seq)
+    validation_data = ExampleDataset(validation, max_seq_len=seq)
     eval_data = ExampleDataset(evals, max_seq_len=seq)
-    reports = {}
-    for name in MODEL_NAMES:
+    for label, name, config in runs:
         started = time.perf_counter()
-        reports[name] = fit(
+        predictions[label] = {}
+        reports[label] = fit(
             FitConfig(train=train, eval=evals, model=name, **fit_args),
-            base_config=cfg,
+            base_config=config,
             train_data=train_data,
             eval_data=eval_data,
+            validation_data=validation_data,
+            predictions_out=predictions[label],
         )
-        reports[name]["wall_s"] = time.perf_counter() - started
+        reports[label]["wall_s"] = time.perf_counter() - started
+        if save is not None:
+            save.mkdir(parents=True, exist_ok=True)
+            (save / f"{label}.json").write_text(json.dumps(reports[label]))
+            np.savez(save / f"{label}.npz", **predictions[label])
+        t = reports[label]["train"]
         print(
-            f"  {name}: {reports[name]['wall_s']:.0f} s, overall click NE "
-            f"{reports[name]['overall']['click']['ne']:.4f}",
+            f"  {label}: {reports[label]['wall_s']:.0f} s, overall click NE "
+            f"{reports[label]['overall']['click']['ne']:.4f}; validation NE by "
+            f"epoch {[round(x, 4) for x in t['epoch_validation_click_ne']]}, "
+            f"train NE {[round(x, 4) for x in t['epoch_train_click_ne']]}",
             flush=True,
         )
     return reports
+
+
+def _weighted_ne(y: np.ndarray, p: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """NE of predictions ``p`` under each row of weights ``w`` (R, N) → (R,)."""
+    eps = 1e-12
+    p = np.clip(p, eps, 1 - eps)
+    loss = -(y * np.log(p) + (1 - y) * np.log(1 - p))
+    n = w.sum(1)
+    rate = np.clip((w @ y) / n, eps, 1 - eps)
+    base = -(rate * np.log(rate) + (1 - rate) * np.log(1 - rate))
+    return (w @ loss) / (n * base)
+
+
+def _interval(x: np.ndarray, key: str = "diff_mean") -> dict[str, float]:
+    """Mean and 95 % percentile interval of bootstrap replicates."""
+    lo, hi = np.percentile(x, [2.5, 97.5])
+    return {key: float(x.mean()), "lo": float(lo), "hi": float(hi)}
+
+
+def bootstrap_vs_gem(
+    predictions: dict[str, dict[str, np.ndarray]],
+    bayes_probs: np.ndarray | None = None,
+    resamples: int = 1000,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Paired bootstrap over eval impressions of overall click NE differences.
+
+    Poisson(1) weights per impression (the same weights for every model), so
+    each difference's interval accounts for the shared sampling noise.
+
+    Returns:
+        ``{model: {"diff_mean", "lo", "hi"}}`` for NE(model) - NE(gem)
+        (positive: GEM better), plus ``"gap_closed"`` (GEM's share of the
+        DLRM → Bayes gap) when ``bayes_probs`` (row-aligned) is given.
+    """
+    if "gem" not in predictions:
+        return {}
+    gem = predictions["gem"]
+    y = gem["labels"][:, 0].astype(np.float64)
+    rng = np.random.default_rng(seed)
+    chunks = []
+    for start in range(0, resamples, 100):
+        chunks.append(rng.poisson(1.0, (min(100, resamples - start), y.size)))
+    weights = [w.astype(np.float64) for w in chunks]
+
+    def ne(p: np.ndarray) -> np.ndarray:
+        return np.concatenate(
+            [_weighted_ne(y, p.astype(np.float64), w) for w in weights]
+        )
+
+    gem_ne = ne(gem["probs"][:, 0])
+    out: dict[str, Any] = {}
+    for name, pred in predictions.items():
+        if name == "gem":
+            continue
+        assert np.array_equal(pred["labels"][:, 0], gem["labels"][:, 0]), name
+        out[name] = _interval(ne(pred["probs"][:, 0]) - gem_ne)
+    if bayes_probs is not None and "dlrm" in predictions:
+        dlrm = ne(predictions["dlrm"]["probs"][:, 0])
+        best = ne(bayes_probs)
+        share = (dlrm - gem_ne) / (dlrm - best)
+        lo, hi = np.percentile(share, [2.5, 97.5])
+        out["gap_closed"] = {
+            "mean": float(share.mean()),
+            "lo": float(lo),
+            "hi": float(hi),
+        }
+        diff = best - gem_ne
+        lo, hi = np.percentile(diff, [2.5, 97.5])
+        out["bayes"] = {
+            "diff_mean": float(diff.mean()),
+            "lo": float(lo),
+            "hi": float(hi),
+        }
+    return out
+
+
+def split_three(
+    source: Path,
+    validation_cut: int,
+    eval_cut: int,
+    work: Path,
+    prefix: str,
+    reuse: bool = False,
+) -> tuple[Path, Path, Path, tuple[int, int, int]]:
+    """train < validation_cut <= validation < eval_cut <= eval, as three dirs.
+
+    ``reuse``: the dirs exist from an earlier run with the same arguments.
+    """
+    rest, train, validation, evals = (
+        work / f"{prefix}_{n}" for n in ("rest", "train", "validation", "eval")
+    )
+    if reuse:
+        sizes = tuple(read_examples(d).num_rows for d in (train, validation, evals))
+        return train, validation, evals, (sizes[0], sizes[1], sizes[2])
+    _, n_eval = time_forward_split(source, eval_cut, rest, evals)
+    n_train, n_validation = time_forward_split(rest, validation_cut, train, validation)
+    shutil.rmtree(rest)
+    return train, validation, evals, (n_train, n_validation, n_eval)
+
+
+def run_args(args: argparse.Namespace, save: Path) -> dict[str, Any]:
+    """:func:`run_models` keywords: the budget plus which models, where saved."""
+    return {
+        **fit_args(args),
+        "models": args.models.split(",") if args.models else None,
+        "save": save,
+        "combine": args.combine,
+    }
+
+
+def fit_args(args: argparse.Namespace) -> dict[str, Any]:
+    """The budget rule, the same for every model and both sections."""
+    return {
+        "epochs": args.epochs,
+        "batch_size": args.batch_size,
+        "lr": args.lr,
+        "max_steps_per_epoch": args.steps,
+        "validation_sample": args.validation_sample,
+        "train_ne_sample": 5_000,
+        "seed": args.seed,
+    }
 
 
 def _f(x: float | None, spec: str = ".4f") -> str:
@@ -159,6 +343,8 @@ def gap_closed(reports: dict[str, Any], bayes: dict[str, Any], key: str) -> floa
         d, o = key.split("/")
         return (r["overall"][o] if d == "all" else r["by_task"][key])["ne"]
 
+    if "dlrm" not in reports or "gem" not in reports:
+        return math.nan
     values = ne(reports["dlrm"]), ne(reports["gem"]), ne(bayes)
     if any(v is None for v in values):
         return math.nan  # a slice without positives has no NE
@@ -193,49 +379,61 @@ def generated(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     gen = GeneratorConfig(
         users=args.users, ads=args.ads, days=args.days, seed=args.seed
     )
-    generate_dataset(gen, work / "gen")
-    assert (
-        reference.main(
-            [
-                "--input",
-                str(work / "gen"),
-                "--output",
-                str(work / "gen_f"),
-                "--overwrite",
-            ]
+    reuse = args.reuse and (work / "gen_eval").exists()
+    if not reuse:
+        generate_dataset(gen, work / "gen")
+        assert (
+            reference.main(
+                [
+                    "--input",
+                    str(work / "gen"),
+                    "--output",
+                    str(work / "gen_f"),
+                    "--overwrite",
+                ]
+            )
+            == 0
         )
-        == 0
-    )
-    cut_day = gen.start + dt.timedelta(days=args.days - 1)
-    cut = int(dt.datetime.combine(cut_day, dt.time(), dt.UTC).timestamp() * 1000)
-    n_train, n_eval = time_forward_split(
-        work / "gen_f", cut, work / "gen_train", work / "gen_eval"
+
+    def day_start(offset: int) -> int:
+        day = gen.start + dt.timedelta(days=args.days + offset)
+        return int(dt.datetime.combine(day, dt.time(), dt.UTC).timestamp() * 1000)
+
+    cut, validation_cut = day_start(-1), day_start(-2)
+    train, validation, evals, counts = split_three(
+        work / "gen_f", validation_cut, cut, work, "gen", reuse
     )
     print(
-        f"generated: cut {cut_day}T00:00Z ({cut}), train {n_train}, eval {n_eval}",
+        f"generated: validation from {validation_cut}, eval from {cut}; "
+        f"train / validation / eval examples {counts}",
         flush=True,
     )
+    predictions: dict[str, dict[str, np.ndarray]] = {}
     reports = run_models(
-        work / "gen_train",
-        work / "gen_eval",
+        train,
+        validation,
+        evals,
         bench_config(args.max_seq_len),
-        epochs=args.epochs,
-        batch_size=args.batch_size,
-        lr=args.lr,
-        seed=args.seed,
+        predictions,
+        extra_target_match_ablation=args.target_match_ablation,
+        **run_args(args, work / "gen_models"),
     )
-    bayes = bayes_on(work / "gen_eval", work / "gen" / "truth.parquet")
+    bayes = bayes_on(evals, work / "gen" / "truth.parquet")
+    bayes_probs = bayes_probs_aligned(evals, work / "gen" / "truth.parquet")
     gaps = {
         k: gap_closed(reports, bayes, k)
         for k in [f"{d}/click" for d in DOMAINS] + ["all/click", "all/conversion"]
     }
     return {
         "cut_ms": cut,
-        "train": n_train,
-        "eval": n_eval,
+        "validation_cut_ms": validation_cut,
+        "train": counts[0],
+        "validation": counts[1],
+        "eval": counts[2],
         "models": reports,
         "bayes": bayes,
         "gem_gap_closed": gaps,
+        "bootstrap": bootstrap_vs_gem(predictions, bayes_probs, args.bootstrap),
         "beats_bayes": beats_bayes(reports, bayes),
     }
 
@@ -246,29 +444,50 @@ def movielens_section(args: argparse.Namespace, work: Path) -> dict[str, Any] | 
     if not (source / "ratings.dat").exists():
         print(f"movielens: {source} absent, section skipped", flush=True)
         return None
-    movielens.run(source, work / "ml", overwrite=True)
-    assert (
-        reference.main(
-            ["--input", str(work / "ml"), "--output", str(work / "ml_f"), "--overwrite"]
+    reuse = args.reuse and (work / "ml_eval").exists()
+    if not reuse:
+        movielens.run(source, work / "ml", overwrite=True)
+        assert (
+            reference.main(
+                [
+                    "--input",
+                    str(work / "ml"),
+                    "--output",
+                    str(work / "ml_f"),
+                    "--overwrite",
+                ]
+            )
+            == 0
         )
-        == 0
-    )
     cut = cut_at_fraction(work / "ml_f", 0.9)
-    n_train, n_eval = time_forward_split(
-        work / "ml_f", cut, work / "ml_train", work / "ml_eval"
+    # The validation cut: 90 % of the impressions before the eval cut (81 % of all).
+    validation_cut = cut_at_fraction(work / "ml_f", 0.81)
+    train, validation, evals, counts = split_three(
+        work / "ml_f", validation_cut, cut, work, "ml", reuse
     )
-    print(f"movielens: cut {cut}, train {n_train}, eval {n_eval}", flush=True)
+    print(
+        f"movielens: validation from {validation_cut}, eval from {cut}; "
+        f"train / validation / eval examples {counts}",
+        flush=True,
+    )
+    predictions: dict[str, dict[str, np.ndarray]] = {}
     reports = run_models(
-        work / "ml_train",
-        work / "ml_eval",
+        train,
+        validation,
+        evals,
         bench_config(args.max_seq_len),
-        epochs=1,
-        batch_size=2 * args.batch_size,
-        lr=args.lr,
-        max_steps_per_epoch=args.ml_steps,
-        seed=args.seed,
+        predictions,
+        **run_args(args, work / "ml_models"),
     )
-    return {"cut_ms": cut, "train": n_train, "eval": n_eval, "models": reports}
+    return {
+        "cut_ms": cut,
+        "validation_cut_ms": validation_cut,
+        "train": counts[0],
+        "validation": counts[1],
+        "eval": counts[2],
+        "models": reports,
+        "bootstrap": bootstrap_vs_gem(predictions, None, args.bootstrap),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -276,14 +495,30 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--section", choices=("all", "generated", "movielens"), default="all"
     )
-    p.add_argument("--users", type=int, default=2000)
-    p.add_argument("--ads", type=int, default=250)
-    p.add_argument("--days", type=int, default=6)
-    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--users", type=int, default=20_000)
+    p.add_argument("--ads", type=int, default=2_000)
+    p.add_argument("--days", type=int, default=7)
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--steps", type=int, default=120, help="batches per epoch")
     p.add_argument("--batch-size", type=int, default=256)
-    p.add_argument("--max-seq-len", type=int, default=64)
+    p.add_argument("--max-seq-len", type=int, default=32)
     p.add_argument("--lr", type=float, default=2e-3)
-    p.add_argument("--ml-steps", type=int, default=120)
+    p.add_argument("--validation-sample", type=int, default=10_000)
+    p.add_argument("--bootstrap", type=int, default=1000)
+    p.add_argument(
+        "--models", default=None, help="comma-separated subset (default: all)"
+    )
+    p.add_argument("--reuse", action="store_true", help="reuse the prepared split dirs")
+    p.add_argument(
+        "--combine",
+        action="store_true",
+        help="train nothing; tabulate the models saved under WORK/*_models",
+    )
+    p.add_argument(
+        "--target-match-ablation",
+        action="store_true",
+        help=f"also train {NO_TARGET_MATCH} (generated section)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--work", type=Path, default=Path("/tmp/bench_quality"))
     p.add_argument("--json", type=Path, default=None)
@@ -300,6 +535,7 @@ def main(argv: list[str] | None = None) -> int:
             {k: round(v, 3) for k, v in g["gem_gap_closed"].items()},
         )
         print("models below Bayes NE:", g["beats_bayes"] or "none")
+        print("paired bootstrap, all/click:", json.dumps(g["bootstrap"], indent=1))
     if args.section in ("all", "movielens"):
         m = result["movielens"] = movielens_section(args, args.work)
         if m is not None:
@@ -307,6 +543,7 @@ def main(argv: list[str] | None = None) -> int:
                 "\n## MovieLens-1M-dev: NE / AUC / calibration (click = conversion)\n"
             )
             print(table(m["models"], ("click",)))
+            print("paired bootstrap, all/click:", json.dumps(m["bootstrap"], indent=1))
     result["seconds"] = time.perf_counter() - started
     print(f"\ntotal {result['seconds']:.0f} s")
     if args.json:

@@ -98,6 +98,50 @@ def test_fit_writes_every_task_and_loss_decreases(
     assert report["config"]["model"]["embedding"]["max_seq_len"] == 32
 
 
+def test_validation_selects_the_epoch_that_is_evaluated(
+    split: tuple[Path, Path, int], tmp_path: Path
+) -> None:
+    """With the eval dir as the (whole) validation set, the reported eval NE
+    must be the best per-epoch validation NE: the best state was restored."""
+    train, evals, _ = split
+    report = _run(
+        train,
+        evals,
+        tmp_path / "v.json",
+        *("--model", "dlrm", "--epochs", "3", "--lr", "2e-2"),
+        *("--validation", str(evals)),
+    )
+    t = report["train"]
+    assert len(t["epoch_validation_click_ne"]) == 3
+    assert len(t["epoch_train_click_ne"]) == 3
+    best = min(range(3), key=lambda e: t["epoch_validation_click_ne"][e])
+    assert t["selected_epoch"] == best
+    assert report["overall"]["click"]["ne"] == pytest.approx(
+        t["epoch_validation_click_ne"][best], abs=1e-6
+    )
+
+
+def test_paired_bootstrap_orders_models() -> None:
+    from benchmarks.bench_quality import bootstrap_vs_gem
+
+    rng = np.random.default_rng(0)
+    truth = rng.uniform(0.01, 0.2, 5_000)
+    labels = (rng.random(5_000) < truth).astype(np.float32)
+
+    def pred(p: np.ndarray) -> dict[str, np.ndarray]:
+        return {"labels": np.stack([labels, labels], 1), "probs": np.stack([p, p], 1)}
+
+    flat = np.full(5_000, labels.mean())
+    out = bootstrap_vs_gem(
+        {"gem": pred(truth), "dlrm": pred(flat), "same": pred(truth)},
+        bayes_probs=truth,
+        resamples=200,
+    )
+    assert out["same"] == {"diff_mean": 0.0, "lo": 0.0, "hi": 0.0}
+    assert out["dlrm"]["lo"] > 0  # the informed model is significantly better
+    assert out["gap_closed"]["mean"] == pytest.approx(1.0)
+
+
 def test_fit_is_deterministic(split: tuple[Path, Path, int], tmp_path: Path) -> None:
     train, evals, _ = split
     args = ("--model", "gem", "--epochs", "2", "--seed", "5")

@@ -11,6 +11,7 @@ from torch import nn
 
 from features.registry import DENSE_FEATURES, SEQUENCE_FEATURES, SPARSE_FEATURES
 from tests.test_model_batches import random_batch
+from trainer.batch import Batch
 from trainer.config import HeadsConfig, InterFormerConfig, PyramidConfig, tiny
 from trainer.modules.attention import (
     PMA,
@@ -26,6 +27,7 @@ from trainer.modules.embeddings import (
     JaggedTokens,
     SequenceEmbeddings,
     SparseEmbeddings,
+    TargetMatch,
 )
 from trainer.modules.heads import MultiDomainHeads
 from trainer.modules.interformer import (
@@ -171,7 +173,7 @@ CASES: dict[str, tuple[Callable[[], nn.Module], Callable[[], tuple[Any, ...]], A
     ),
     "SequenceEmbeddings": (
         lambda: SequenceEmbeddings(CFG.embedding),
-        lambda: (BATCH.sequence,),
+        lambda: (BATCH.sequence, _candidate_category(BATCH)),
         (44, D),
     ),
     "DenseTokens": (
@@ -221,6 +223,32 @@ def test_capped_ids_are_folded_into_the_table() -> None:
     small = [f.name for f in SPARSE_FEATURES if f.num_embeddings <= 1_000]
     for name in small:  # tables under the cap see the ids unchanged
         torch.testing.assert_close(folded[name].values(), BATCH.sparse[name].values())
+
+
+def _candidate_category(batch: Batch) -> torch.Tensor:
+    names = [f.name for f in SPARSE_FEATURES]
+    ids = batch.sparse.values().view(len(names), -1)
+    return ids[names.index("ad_creative_category")]
+
+
+def test_target_match_embeds_same_category_events_only() -> None:
+    match = TargetMatch(D)
+    category = torch.tensor([3, 5, 0, 3, 3])
+    time_bucket = torch.tensor([4, 4, 4, 4, 9])
+    action = torch.tensor([4, 4, 4, 4, 4])
+    offsets = torch.tensor([0, 3, 5])
+    candidate = torch.tensor([3, 0])  # example 1's candidate has no category
+    out = match(category, time_bucket, action, candidate, offsets)
+    # Event 0 matches (3 == 3); 1 does not; 2 has no category; example 1's
+    # events never match a missing candidate category.
+    torch.testing.assert_close(out[1], out[3])
+    assert not torch.equal(out[0], out[1])
+    torch.testing.assert_close(out[2], out[1])
+    assert not torch.equal(out[3], out[4])  # same match bit, other time bucket
+    # Without a candidate the module is not applied at all.
+    seq = SequenceEmbeddings(CFG.embedding)
+    with_match = seq(BATCH.sequence, _candidate_category(BATCH)).values
+    assert not torch.equal(seq(BATCH.sequence).values, with_match)
 
 
 def test_sequence_concat_combine() -> None:

@@ -43,6 +43,9 @@ class EmbeddingConfig:
         dense_hidden: hidden widths of the dense-feature MLP.
         max_seq_len: most recent events kept per history (longer ones are
             truncated, oldest dropped).
+        target_match: add to every event token an embedding of (its category
+            equals the candidate ad's, time bucket, action)
+            (:class:`trainer.modules.embeddings.TargetMatch`).
     """
 
     dim: int
@@ -51,6 +54,7 @@ class EmbeddingConfig:
     num_dense_tokens: int = 1
     dense_hidden: tuple[int, ...] = (32,)
     max_seq_len: int = 4096
+    target_match: bool = True
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -5,7 +5,7 @@ Usage::
     python -m trainer.fit --train DIR --eval DIR --model gem \\
         [--preset tiny|default|large] [--epochs N] [--batch-size B] \\
         [--max-seq-len N] [--lr LR] [--optimizer adam|adam+adagrad] \\
-        [--seed S] --metrics-out FILE.json
+        [--validation DIR] [--seed S] --metrics-out FILE.json
 
 ``DIR`` is a feature-job ``--output`` dir (examples + timelines, see
 :mod:`trainer.data`). Metrics (:mod:`features.metrics`): NE normalized by the
@@ -19,6 +19,13 @@ that works unchanged on any CPU. ``adam+adagrad`` is the paper's split: Adam
 for dense parameters, Adagrad for embedding tables (element-wise, since
 PyTorch has no row-wise Adagrad; with dense gradients a row that got no
 gradient is left untouched, unlike Adam whose momentum keeps moving it).
+
+Model selection: with ``--validation DIR`` (a time period after the train
+period and before the eval one), the model is scored on it after every epoch
+and the epoch with the lowest overall click NE there is the one evaluated
+(early stopping by validation; the eval set is never looked at to choose).
+Each epoch's train NE (on a fixed sample of train examples, in eval mode) and
+validation NE are reported, so under- and over-fitting show as numbers.
 
 Every model's output gets a learnable (domain, objective) offset initialised
 to the logit of the train base rate (:class:`BaseRateOffset`), so short runs
@@ -34,6 +41,7 @@ thread count.
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import json
 import math
@@ -74,6 +82,9 @@ class FitConfig:
     optimizer: str = "adam"
     max_grad_norm: float = 10.0
     max_steps_per_epoch: int | None = None
+    validation: Path | None = None  # per-epoch selection set (before eval)
+    validation_sample: int | None = None  # score a fixed sample of it (None: all)
+    train_ne_sample: int = 10_000  # train examples scored after each epoch
     seed: int = 0
     threads: int = 1
 
@@ -161,12 +172,36 @@ def _clean(value: Any) -> Any:
 
 
 def evaluate_dataset(
-    model: GEMTrain, data: ExampleDataset, batch_size: int = 2048
+    model: GEMTrain,
+    data: ExampleDataset,
+    batch_size: int = 2048,
+    rows: np.ndarray | None = None,
+    predictions_out: dict[str, np.ndarray] | None = None,
 ) -> dict[str, Any]:
-    """Metrics per ``"domain/objective"`` and per objective over all domains."""
-    predictions = collect_predictions(
-        eval_step(model, b) for b in data.batches(batch_size)
-    )
+    """Metrics per ``"domain/objective"`` and per objective over all domains.
+
+    Args:
+        model: the trained model.
+        data: the examples.
+        batch_size: eval batch size.
+        rows: score only these example rows (all when None).
+        predictions_out: if given, filled with ``labels`` (N, O), ``probs``
+            (N, O) (own-domain head) and ``domain`` (N,) in row order, for
+            paired comparisons between models (bootstrap).
+    """
+    if rows is None:
+        batches = data.batches(batch_size)
+    else:
+        batches = (
+            data.batch(rows[i : i + batch_size])
+            for i in range(0, len(rows), batch_size)
+        )
+    outputs = [eval_step(model, b) for b in batches]
+    if predictions_out is not None and outputs:
+        predictions_out["labels"] = torch.cat([o.labels for o in outputs]).numpy()
+        predictions_out["probs"] = torch.cat([o.probs for o in outputs]).numpy()
+        predictions_out["domain"] = torch.cat([o.domain for o in outputs]).numpy()
+    predictions = collect_predictions(outputs)
     by_task = {
         f"{d}/{o}": dataclasses.asdict(binary_metrics(y, p))
         for (d, o), (y, p) in predictions.items()
@@ -187,11 +222,15 @@ def fit(
     base_config: ModelConfig | None = None,
     train_data: ExampleDataset | None = None,
     eval_data: ExampleDataset | None = None,
+    validation_data: ExampleDataset | None = None,
+    predictions_out: dict[str, np.ndarray] | None = None,
 ) -> dict[str, Any]:
     """Train, evaluate, return the metrics report (what ``--metrics-out`` holds).
 
     ``base_config`` replaces the preset (benchmarks' custom sizes); datasets
-    may be passed in to share one in-memory copy between runs.
+    may be passed in to share one in-memory copy between runs;
+    ``predictions_out`` receives the eval predictions (see
+    :func:`evaluate_dataset`).
     """
     # One intra-op thread by default: these models are many small ops, and on
     # a small shared CPU OpenMP's barriers between two threads cost more than
@@ -206,12 +245,31 @@ def fit(
     evals = eval_data
     if evals is None:
         evals = ExampleDataset(cfg.eval, max_seq_len=seq_len)
+    validation = validation_data
+    if validation is None and cfg.validation is not None:
+        validation = ExampleDataset(cfg.validation, max_seq_len=seq_len)
     model = GEMTrain(
         BaseRateOffset(build_model(cfg.model, config), base_rate_logits(train))
     )
     optimizer = make_optimizer(model, cfg)
+    # A fixed sample of train rows, scored after each epoch (train NE).
+    train_rows = np.sort(
+        np.random.default_rng([cfg.seed, 7]).permutation(len(train))[
+            : cfg.train_ne_sample
+        ]
+    )
 
     epoch_loss: list[float] = []
+    train_ne: list[float | None] = []
+    validation_ne: list[float | None] = []
+    best: tuple[float, int, dict[str, torch.Tensor]] | None = None
+    validation_rows = None
+    if validation is not None and cfg.validation_sample is not None:
+        validation_rows = np.sort(
+            np.random.default_rng([cfg.seed, 8]).permutation(len(validation))[
+                : cfg.validation_sample
+            ]
+        )
     seen, train_seconds = 0, 0.0
     for epoch in range(cfg.epochs):
         # Sum losses as a tensor: one host sync per epoch, not per step.
@@ -230,9 +288,24 @@ def fit(
             seen += batch.size
         train_seconds += time.perf_counter() - started
         epoch_loss.append(float(total) / max(steps, 1))
-        print(f"epoch {epoch}: mean train loss {epoch_loss[-1]:.5f}", file=sys.stderr)
+        train_ne.append(_click_ne(evaluate_dataset(model, train, rows=train_rows)))
+        line = f"epoch {epoch}: mean train loss {epoch_loss[-1]:.5f}"
+        line += f", train click NE {_fmt(train_ne[-1])}"
+        if validation is not None:
+            validation_ne.append(
+                _click_ne(evaluate_dataset(model, validation, rows=validation_rows))
+            )
+            line += f", validation click NE {_fmt(validation_ne[-1])}"
+            score = validation_ne[-1]
+            if score is not None and (best is None or score < best[0]):
+                best = (score, epoch, copy.deepcopy(model.state_dict()))
+        print(line, file=sys.stderr)
 
-    metrics = evaluate_dataset(model, evals)
+    best_epoch = cfg.epochs - 1
+    if best is not None:
+        best_epoch = best[1]
+        model.load_state_dict(best[2])
+    metrics = evaluate_dataset(model, evals, predictions_out=predictions_out)
     return _clean(
         {
             "config": {
@@ -248,11 +321,31 @@ def fit(
                 "seconds": train_seconds,
                 "examples_per_s": seen / train_seconds if train_seconds else None,
                 "epoch_loss": epoch_loss,
+                "epoch_train_click_ne": train_ne,
+                "epoch_validation_click_ne": validation_ne,
+                "selected_epoch": best_epoch,
+                "validation_examples": (
+                    0
+                    if validation is None
+                    else len(validation)
+                    if validation_rows is None
+                    else len(validation_rows)
+                ),
             },
             "eval_examples": len(evals),
             **metrics,
         }
     )
+
+
+def _click_ne(metrics: dict[str, Any]) -> float | None:
+    """Overall click NE of an :func:`evaluate_dataset` result (None: no clicks)."""
+    ne = metrics["overall"].get("click", {}).get("ne")
+    return None if ne is None or not math.isfinite(ne) else float(ne)
+
+
+def _fmt(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.4f}"
 
 
 def format_table(report: dict[str, Any]) -> str:
@@ -274,6 +367,11 @@ def format_table(report: dict[str, Any]) -> str:
         f"train: {t['examples_seen']} examples in {t['seconds']:.1f} s "
         f"({t['examples_per_s'] or 0:.0f} ex/s), epoch loss {t['epoch_loss']}"
     )
+    if t.get("epoch_validation_click_ne"):
+        rows.append(
+            f"validation click NE by epoch {t['epoch_validation_click_ne']}, "
+            f"selected epoch {t['selected_epoch']}"
+        )
     return "\n".join(rows)
 
 
@@ -293,6 +391,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--embedding-lr", type=float, default=0.05)
     p.add_argument("--optimizer", choices=("adam", "adam+adagrad"), default="adam")
     p.add_argument("--max-steps-per-epoch", type=int, default=None)
+    p.add_argument(
+        "--validation",
+        type=Path,
+        default=None,
+        help="feature-job output dir scored after every epoch; the best epoch "
+        "(overall click NE) is the one evaluated",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     p.add_argument("--metrics-out", type=Path, required=True)

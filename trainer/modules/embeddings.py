@@ -28,9 +28,15 @@ from torchrec.modules.embedding_modules import (
 )
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from features.registry import DENSE_FEATURES, SEQUENCE_FEATURES, SPARSE_FEATURES
+from features.registry import (
+    DENSE_FEATURES,
+    SEQUENCE_FEATURES,
+    SPARSE_FEATURES,
+    TIME_BUCKETS,
+)
+from features.vocab import ACTIONS
 from trainer.config import EmbeddingConfig
-from trainer.ops import jagged_truncate_last
+from trainer.ops import jagged_truncate_last, segment_ids
 
 # Sparse features that describe the candidate ad: their embeddings make the
 # target (query) of target-aware attention.
@@ -42,6 +48,13 @@ TARGET_FEATURES: Final = (
     "ad_objective",
     "ad_creative_category",
 )
+
+
+# The candidate's declared category and the history's per-event category share
+# one vocabulary (features.vocab.CATEGORIES, 0 = missing): their equality is
+# the target-match signal of :class:`TargetMatch`.
+CANDIDATE_CATEGORY: Final = "ad_creative_category"
+EVENT_CATEGORY: Final = "seq_category"
 
 
 def capped_size(num_embeddings: int, cap: int | None) -> int:
@@ -147,6 +160,7 @@ class SparseEmbeddings(nn.Module):
         cap = config.max_num_embeddings
         self.dim = config.dim
         self.num_features = len(SPARSE_FEATURES)
+        self.names = [f.name for f in SPARSE_FEATURES]
         self.ebc = EmbeddingBagCollection(tables=sparse_tables(config.dim, cap))
         rows = [capped_size(f.num_embeddings, cap) for f in SPARSE_FEATURES]
         capped = any(
@@ -158,8 +172,64 @@ class SparseEmbeddings(nn.Module):
         """Embed and pool: (B, F, D)."""
         if self.modulo is not None:
             kjt = self.modulo(kjt)
-        pooled = self.ebc(kjt).values()  # (B, F * D), registry order
+        embedded = self.ebc(kjt)
+        if embedded.keys() == self.names:
+            pooled = embedded.values()  # (B, F * D), registry order
+        else:  # a TorchRec-sharded EBC groups its output keys by sharding type
+            pooled = torch.cat([embedded[name] for name in self.names], dim=1)
         return pooled.view(-1, self.num_features, self.dim)
+
+
+class TargetMatch(nn.Module):
+    """Per event: "same category as the candidate ad?" x recency x action → (D,).
+
+    Why: the target-aware attention must otherwise *learn* that an ad-side
+    category embedding (sparse table) and an event-side one (sequence table)
+    name the same thing, through random query/key maps, from a few hundred
+    clicks; and its softmax forgets how *many* events matched. Recent same-topic
+    activity is exactly what the generator's sequence term rewards (and what
+    DIN-style models feed explicitly). This table gives every event token the
+    match bit jointly with its time bucket and action, so "3 same-topic views in
+    the last hour" is a sum of 3 embeddings, which the pyramid's strided mean
+    pooling keeps as a count. Ids, not hashes, are compared: both features are
+    vocabulary ids, untouched by table caps.
+
+    Args:
+        dim: token width ``D``.
+
+    Shapes: event categories, time buckets, actions (L,), the candidate's
+    category (B,), offsets (B + 1,) → (L, D).
+
+    Example:
+        >>> match = TargetMatch(4)
+        >>> match(torch.tensor([3, 5, 0]), torch.tensor([1, 2, 3]),
+        ...       torch.tensor([4, 4, 4]), torch.tensor([3, 0]),
+        ...       torch.tensor([0, 3, 3])).shape
+        torch.Size([3, 4])
+    """
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.time_rows = TIME_BUCKETS + 1
+        self.action_rows = len(ACTIONS) + 1
+        rows = 2 * self.time_rows * self.action_rows
+        self.table = nn.Embedding(rows, dim)
+        # TorchRec's default table init (uniform ±sqrt(1 / rows)), like the others.
+        nn.init.uniform_(self.table.weight, -(rows**-0.5), rows**-0.5)
+
+    def forward(
+        self,
+        category: torch.Tensor,
+        time_bucket: torch.Tensor,
+        action: torch.Tensor,
+        candidate: torch.Tensor,
+        offsets: torch.Tensor,
+    ) -> torch.Tensor:
+        """The match embedding of every event."""
+        seg = segment_ids(offsets, category.numel())
+        same = (category == candidate[seg]) & (category > 0)
+        index = (same.long() * self.time_rows + time_bucket) * self.action_rows
+        return self.table(index + action)
 
 
 class JaggedTokens(NamedTuple):
@@ -201,6 +271,7 @@ class SequenceEmbeddings(nn.Module):
         cap = config.max_num_embeddings
         self.max_seq_len = config.max_seq_len
         self.names = [f.name for f in SEQUENCE_FEATURES]
+        self.match = TargetMatch(config.dim) if config.target_match else None
         self.ec = EmbeddingCollection(
             tables=[
                 TableConfig(
@@ -223,8 +294,14 @@ class SequenceEmbeddings(nn.Module):
             else None
         )
 
-    def forward(self, kjt: KeyedJaggedTensor) -> JaggedTokens:
-        """Embed, combine per event, keep the newest ``max_seq_len``."""
+    def forward(
+        self, kjt: KeyedJaggedTensor, candidate_category: torch.Tensor | None = None
+    ) -> JaggedTokens:
+        """Embed, combine per event, keep the newest ``max_seq_len``.
+
+        ``candidate_category`` (B,) adds the :class:`TargetMatch` embedding
+        (when the config enables it).
+        """
         if self.modulo is not None:
             kjt = self.modulo(kjt)
         lengths = kjt.lengths().view(len(self.names), -1)[0].long()
@@ -235,6 +312,15 @@ class SequenceEmbeddings(nn.Module):
             values = self.concat(torch.cat(embeddings, dim=-1))
         else:
             values = torch.stack(embeddings, dim=0).sum(0)
+        if self.match is not None and candidate_category is not None:
+            ids = kjt.values().view(len(self.names), -1)  # key-major, equal lengths
+            values = values + self.match(
+                ids[self.names.index(EVENT_CATEGORY)],
+                ids[self.names.index("seq_time_bucket")],
+                ids[self.names.index("seq_action")],
+                candidate_category,
+                offsets,
+            )
         values, offsets = jagged_truncate_last(values, offsets, self.max_seq_len)
         return JaggedTokens(values, offsets, self.max_seq_len)
 
@@ -312,6 +398,7 @@ class InputAdapter(nn.Module):
         self.sequence = SequenceEmbeddings(config) if use_sequences else None
         names = [f.name for f in SPARSE_FEATURES]
         self.target_index = [names.index(n) for n in TARGET_FEATURES]
+        self.category_index = names.index(CANDIDATE_CATEGORY)
         self.target = (
             nn.Linear(len(TARGET_FEATURES) * config.dim, config.dim)
             if use_target
@@ -333,7 +420,10 @@ class InputAdapter(nn.Module):
             target = self.target(sparse_tokens[:, self.target_index].flatten(1))
         seq = None
         if self.sequence is not None and sequence is not None:
-            seq = self.sequence(sequence)
+            candidate = sparse.values().view(len(SPARSE_FEATURES), -1)[
+                self.category_index
+            ]  # key-major, one id per example
+            seq = self.sequence(sequence, candidate)
         return InputTokens(tokens, target, seq)
 
 
