@@ -5,7 +5,8 @@ Usage::
     python -m benchmarks.bench_quality [--section all|generated|movielens]
         [--users 20000 --ads 2000 --days 7] [--epochs 3] [--steps 120]
         [--batch-size 256] [--max-seq-len 32] [--validation-sample 10000]
-        [--work DIR] [--json FILE]
+        [--lrs 1e-3,3e-3] [--device auto|cpu|cuda] [--precision fp32|bf16]
+        [--prepare-only] [--work DIR] [--json FILE]
 
 Three periods per data set, split forward in time at fixed timestamps:
 **train** < validation cut <= **validation** < eval cut <= **eval**. Every
@@ -13,7 +14,15 @@ model gets the same budget rule: ``--epochs`` epochs of ``--steps`` batches
 (each epoch a fresh seeded random sample of the train period, the same
 samples for every model), scored after every epoch on a fixed sample of the
 validation period; the epoch with the best validation click NE is the one
-evaluated (:func:`trainer.fit.fit`). The eval period is never used to choose.
+evaluated (:func:`trainer.fit.fit`). With ``--lrs`` (a learning-rate grid),
+each model is trained once per rate and the (rate, epoch) with the best
+validation click NE is the one evaluated: the same selection rule for every
+model, so no model is stuck with a rate that only suits another. The eval
+period is never used to choose.
+
+Work can be spread over processes (a GPU, or several cores): ``--prepare-only``
+writes the splits; then one process per ``--models M --lrs R --reuse``; then
+``--combine`` tabulates what they saved (``WORK/*_models``).
 
 (a) **generated**: ``pipelines.synthetic`` events → ``pipelines.reference``
 features → validation = the second-to-last day, eval = the last day → NE /
@@ -122,6 +131,7 @@ def run_models(
     models: list[str] | None = None,
     save: Path | None = None,
     combine: bool = False,
+    lrs: tuple[float, ...] | None = None,
     **fit_args: Any,
 ) -> dict[str, Any]:
     """Fit every model with the same budget rule; reports by model name.
@@ -136,45 +146,84 @@ def run_models(
     if extra_target_match_ablation:
         off = dataclasses.replace(cfg.embedding, target_match=False)
         runs.append((NO_TARGET_MATCH, "gem", dataclasses.replace(cfg, embedding=off)))
-    reports = {}
+    lr_values = lrs or (fit_args.pop("lr"),)
+    fit_args.pop("lr", None)
+    reports: dict[str, Any] = {}
     if combine:
         assert save is not None, "--combine needs --save"
         for label, _, _ in runs:
-            if (save / f"{label}.json").exists():
-                reports[label] = json.loads((save / f"{label}.json").read_text())
-                with np.load(save / f"{label}.npz") as saved:
-                    predictions[label] = dict(saved)
+            found = sorted(save.glob(f"{label}@lr*.json"))
+            if found:
+                reports[label], predictions[label] = select_by_validation(found)
         return reports
     runs = [r for r in runs if models is None or r[0] in models]
     seq = cfg.embedding.max_seq_len
     train_data = ExampleDataset(train, max_seq_len=seq)
     validation_data = ExampleDataset(validation, max_seq_len=seq)
     eval_data = ExampleDataset(evals, max_seq_len=seq)
+    tried: dict[str, list[tuple[dict[str, Any], dict[str, np.ndarray]]]] = {}
     for label, name, config in runs:
-        started = time.perf_counter()
-        predictions[label] = {}
-        reports[label] = fit(
-            FitConfig(train=train, eval=evals, model=name, **fit_args),
-            base_config=config,
-            train_data=train_data,
-            eval_data=eval_data,
-            validation_data=validation_data,
-            predictions_out=predictions[label],
-        )
-        reports[label]["wall_s"] = time.perf_counter() - started
-        if save is not None:
-            save.mkdir(parents=True, exist_ok=True)
-            (save / f"{label}.json").write_text(json.dumps(reports[label]))
-            np.savez(save / f"{label}.npz", **predictions[label])
-        t = reports[label]["train"]
-        print(
-            f"  {label}: {reports[label]['wall_s']:.0f} s, overall click NE "
-            f"{reports[label]['overall']['click']['ne']:.4f}; validation NE by "
-            f"epoch {[round(x, 4) for x in t['epoch_validation_click_ne']]}, "
-            f"train NE {[round(x, 4) for x in t['epoch_train_click_ne']]}",
-            flush=True,
-        )
+        for lr in lr_values:
+            started = time.perf_counter()
+            run_predictions: dict[str, np.ndarray] = {}
+            report = fit(
+                FitConfig(train=train, eval=evals, model=name, lr=lr, **fit_args),
+                base_config=config,
+                train_data=train_data,
+                eval_data=eval_data,
+                validation_data=validation_data,
+                predictions_out=run_predictions,
+            )
+            report["wall_s"] = time.perf_counter() - started
+            tried.setdefault(label, []).append((report, run_predictions))
+            if save is not None:
+                save.mkdir(parents=True, exist_ok=True)
+                stem = f"{label}@lr{lr:g}"
+                (save / f"{stem}.json").write_text(json.dumps(report))
+                np.savez(save / f"{stem}.npz", **run_predictions)
+            t = report["train"]
+            print(
+                f"  {label} lr {lr:g}: {report['wall_s']:.0f} s, "
+                f"{t['examples_per_s'] or 0:.0f} ex/s; validation NE by epoch "
+                f"{[round(x, 4) for x in t['epoch_validation_click_ne']]}, "
+                f"train NE {[round(x, 4) for x in t['epoch_train_click_ne']]}",
+                flush=True,
+            )
+    for label, candidates in tried.items():
+        reports[label], predictions[label] = _select(candidates)
     return reports
+
+
+def _best_validation(report: dict[str, Any]) -> float:
+    """The lowest per-epoch validation click NE of one run (inf: none)."""
+    values = [v for v in report["train"]["epoch_validation_click_ne"] if v is not None]
+    return min(values) if values else math.inf
+
+
+def _select(
+    candidates: list[tuple[dict[str, Any], dict[str, np.ndarray]]],
+) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """The run with the best validation NE; its report notes the whole grid."""
+    best_report, best_predictions = min(
+        candidates, key=lambda c: _best_validation(c[0])
+    )
+    chosen = dict(best_report)
+    chosen["lr_grid"] = {
+        f"{c[0]['config']['fit']['lr']:g}": _best_validation(c[0]) for c in candidates
+    }
+    chosen["selected_lr"] = best_report["config"]["fit"]["lr"]
+    return chosen, best_predictions
+
+
+def select_by_validation(
+    files: list[Path],
+) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """Load saved runs (``LABEL@lrR.json`` + ``.npz``) and pick by validation."""
+    candidates = []
+    for file in files:
+        with np.load(file.with_suffix(".npz")) as saved:
+            candidates.append((json.loads(file.read_text()), dict(saved)))
+    return _select(candidates)
 
 
 def _weighted_ne(y: np.ndarray, p: np.ndarray, w: np.ndarray) -> np.ndarray:
@@ -283,6 +332,7 @@ def run_args(args: argparse.Namespace, save: Path) -> dict[str, Any]:
         "models": args.models.split(",") if args.models else None,
         "save": save,
         "combine": args.combine,
+        "lrs": tuple(float(x) for x in args.lrs.split(",")) if args.lrs else None,
     }
 
 
@@ -296,6 +346,9 @@ def fit_args(args: argparse.Namespace) -> dict[str, Any]:
         "validation_sample": args.validation_sample,
         "train_ne_sample": 5_000,
         "seed": args.seed,
+        "device": args.device,
+        "precision": args.precision,
+        "max_train_seconds": args.max_train_seconds,
     }
 
 
@@ -408,6 +461,8 @@ def generated(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         f"train / validation / eval examples {counts}",
         flush=True,
     )
+    if args.prepare_only:
+        return {"prepared": counts}
     predictions: dict[str, dict[str, np.ndarray]] = {}
     reports = run_models(
         train,
@@ -440,7 +495,7 @@ def generated(args: argparse.Namespace, work: Path) -> dict[str, Any]:
 
 def movielens_section(args: argparse.Namespace, work: Path) -> dict[str, Any] | None:
     """Section (b); None when the data is absent."""
-    source = SHARED / "movielens-1m-dev"
+    source = args.movielens
     if not (source / "ratings.dat").exists():
         print(f"movielens: {source} absent, section skipped", flush=True)
         return None
@@ -470,6 +525,8 @@ def movielens_section(args: argparse.Namespace, work: Path) -> dict[str, Any] | 
         f"train / validation / eval examples {counts}",
         flush=True,
     )
+    if args.prepare_only:
+        return {"prepared": counts}
     predictions: dict[str, dict[str, np.ndarray]] = {}
     reports = run_models(
         train,
@@ -503,6 +560,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--max-seq-len", type=int, default=32)
     p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument(
+        "--lrs",
+        default=None,
+        help="comma-separated learning-rate grid; each model keeps the rate "
+        "with the best validation NE (default: --lr alone)",
+    )
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda[:N]")
+    p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
+    p.add_argument(
+        "--max-train-seconds",
+        type=float,
+        default=None,
+        help="per model run: start no new epoch after this (a safety net)",
+    )
+    p.add_argument(
+        "--prepare-only",
+        action="store_true",
+        help="write the data splits under --work and stop (then --reuse)",
+    )
     p.add_argument("--validation-sample", type=int, default=10_000)
     p.add_argument("--bootstrap", type=int, default=1000)
     p.add_argument(
@@ -520,14 +596,22 @@ def main(argv: list[str] | None = None) -> int:
         help=f"also train {NO_TARGET_MATCH} (generated section)",
     )
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--movielens",
+        type=Path,
+        default=SHARED / "movielens-1m-dev",
+        help="MovieLens-1M(-dev) dir with ratings.dat (read in place)",
+    )
     p.add_argument("--work", type=Path, default=Path("/tmp/bench_quality"))
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
     args.work.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     result: dict[str, Any] = {"args": {k: str(v) for k, v in vars(args).items()}}
-    if args.section in ("all", "generated"):
-        g = result["generated"] = generated(args, args.work)
+    g = generated(args, args.work) if args.section in ("all", "generated") else {}
+    if g:
+        result["generated"] = g
+    if "models" in g:
         print("\n## generated: NE / AUC / calibration (eval, time-forward)\n")
         print(table({**g["models"], "bayes-optimal": g["bayes"]}, TRAINING_OBJECTIVES))
         print(
@@ -538,7 +622,7 @@ def main(argv: list[str] | None = None) -> int:
         print("paired bootstrap, all/click:", json.dumps(g["bootstrap"], indent=1))
     if args.section in ("all", "movielens"):
         m = result["movielens"] = movielens_section(args, args.work)
-        if m is not None:
+        if m is not None and "models" in m:
             print(
                 "\n## MovieLens-1M-dev: NE / AUC / calibration (click = conversion)\n"
             )

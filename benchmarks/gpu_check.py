@@ -7,8 +7,10 @@ Usage::
     python -m benchmarks.gpu_check --smoke        # seconds, on CPU
 
 Written for a CUDA machine with torch (2.11+) but **without torchrec or
-fbgemm**. The real model (:class:`trainer.models.gem.GEM`) cannot run there:
-its input adapter is TorchRec's ``EmbeddingBagCollection`` /
+fbgemm**. Where torchrec and fbgemm's *CPU* wheel can be installed (enough for
+torchrec to import), :mod:`benchmarks.bench_gpu` times the real models
+instead. Without them the real model (:class:`trainer.models.gem.GEM`) cannot
+run: its input adapter is TorchRec's ``EmbeddingBagCollection`` /
 ``EmbeddingCollection`` over ``KeyedJaggedTensor`` batches, and
 :mod:`trainer.modules.embeddings` (which also holds the ``mlp`` and
 ``JaggedTokens`` helpers the trunk imports) imports torchrec at module level.

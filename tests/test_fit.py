@@ -121,6 +121,48 @@ def test_validation_selects_the_epoch_that_is_evaluated(
     )
 
 
+def test_time_limit_stops_before_the_next_epoch(
+    split: tuple[Path, Path, int], tmp_path: Path
+) -> None:
+    train, evals, _ = split
+    report = _run(
+        train,
+        evals,
+        tmp_path / "t.json",
+        *("--model", "dlrm", "--epochs", "3", "--max-steps-per-epoch", "2"),
+        *("--max-train-seconds", "0", "--device", "cpu"),
+    )
+    assert report["train"]["epochs_run"] == 1
+    assert report["train"]["selected_epoch"] == 0
+    assert report["config"]["device"] == "cpu"
+
+
+@pytest.mark.skipif(
+    fit_module.torch.cuda.is_available(), reason="checks the no-GPU message"
+)
+def test_asking_for_cuda_without_a_gpu_names_the_problem() -> None:
+    with pytest.raises(ValueError, match="no CUDA device"):
+        fit_module.resolve_device("cuda")
+
+
+def test_learning_rate_grid_keeps_the_best_validation_run() -> None:
+    from benchmarks.bench_quality import _select
+
+    def run(lr: float, validation: list[float | None]) -> tuple[dict, dict]:
+        report = {
+            "config": {"fit": {"lr": lr}},
+            "train": {"epoch_validation_click_ne": validation},
+        }
+        return report, {"probs": np.array([lr])}
+
+    chosen, predictions = _select(
+        [run(1e-3, [0.99, 0.97]), run(3e-3, [0.98, 0.96, None]), run(1e-2, [None])]
+    )
+    assert chosen["selected_lr"] == 3e-3
+    assert predictions["probs"][0] == 3e-3
+    assert chosen["lr_grid"] == {"0.001": 0.97, "0.003": 0.96, "0.01": float("inf")}
+
+
 def test_paired_bootstrap_orders_models() -> None:
     from benchmarks.bench_quality import bootstrap_vs_gem
 

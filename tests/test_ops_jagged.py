@@ -251,3 +251,17 @@ def test_long_history_of_4096(kernel: Kernel) -> None:
     padded = jagged_to_padded_dense(values, offsets, 4096, 0.0, kernel)
     assert padded.shape == (3, 4096, 1)
     assert not padded[0].any()
+
+
+def test_jagged_softmax_in_bf16_is_computed_in_float32() -> None:
+    """A bf16 input (what autocast hands the op) gives bf16 out, summing to 1."""
+    torch.manual_seed(0)
+    offsets = torch.tensor([0, 3, 3, 700])
+    scores = torch.randn(700, 2) * 4
+    out = jagged_softmax(scores.bfloat16(), offsets, 697)
+    assert out.dtype == torch.bfloat16
+    expected = jagged_softmax(scores.bfloat16().float(), offsets, 697)
+    torch.testing.assert_close(out.float(), expected, atol=4e-3, rtol=1e-2)
+    segment = torch.tensor([0] * 3 + [2] * 697)
+    sums = torch.zeros(3, 2).index_add(0, segment, out.float())
+    torch.testing.assert_close(sums[[0, 2]], torch.ones(2, 2), atol=2e-2, rtol=0)

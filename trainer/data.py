@@ -128,6 +128,7 @@ class ExampleDataset:
         epoch: int = 0,
         max_batches: int | None = None,
         prefetch: int = 2,
+        pin_memory: bool = False,
     ) -> Iterator[Batch]:
         """Batches of one epoch, built ``prefetch`` ahead on a background thread.
 
@@ -138,6 +139,9 @@ class ExampleDataset:
             epoch: epoch index.
             max_batches: stop after this many (``None``: the whole epoch).
             prefetch: batches built ahead (0: build in the caller's thread).
+            pin_memory: pin each batch in page-locked host memory where it
+                is built (on the prefetch thread), so the trainer's copy to a
+                GPU can be non-blocking.
         """
         order = self.order(shuffle=shuffle, seed=seed, epoch=epoch)
         chunks = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
@@ -145,13 +149,14 @@ class ExampleDataset:
             chunks = chunks[:max_batches]
         if prefetch <= 0:
             for rows in chunks:
-                yield self.batch(rows)
+                batch = self.batch(rows)
+                yield batch.pin_memory() if pin_memory else batch
             return
-        yield from _prefetched(self, chunks, prefetch)
+        yield from _prefetched(self, chunks, prefetch, pin_memory)
 
 
 def _prefetched(
-    data: ExampleDataset, chunks: list[np.ndarray], depth: int
+    data: ExampleDataset, chunks: list[np.ndarray], depth: int, pin_memory: bool
 ) -> Iterator[Batch]:
     """Yield ``data.batch(rows)`` for each chunk, built by a daemon thread.
 
@@ -167,7 +172,8 @@ def _prefetched(
             for rows in chunks:
                 if stop.is_set():
                     return
-                item: object = data.batch(rows)
+                batch = data.batch(rows)
+                item: object = batch.pin_memory() if pin_memory else batch
                 while not stop.is_set():
                     try:
                         out.put(item, timeout=0.1)

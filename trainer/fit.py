@@ -5,7 +5,8 @@ Usage::
     python -m trainer.fit --train DIR --eval DIR --model gem \\
         [--preset tiny|default|large] [--epochs N] [--batch-size B] \\
         [--max-seq-len N] [--lr LR] [--optimizer adam|adam+adagrad] \\
-        [--validation DIR] [--seed S] --metrics-out FILE.json
+        [--validation DIR] [--seed S] [--device auto|cpu|cuda]
+        [--precision fp32|bf16] [--max-train-seconds S] --metrics-out FILE.json
 
 ``DIR`` is a feature-job ``--output`` dir (examples + timelines, see
 :mod:`trainer.data`). Metrics (:mod:`features.metrics`): NE normalized by the
@@ -32,7 +33,21 @@ to the logit of the train base rate (:class:`BaseRateOffset`), so short runs
 do not spend their steps learning the prior. One torch thread by default
 (``--threads``): faster on a small shared CPU, and reproducible.
 
-Deterministic for a seed: the model init (``torch.manual_seed``), the epoch
+Device: ``--device auto`` (the default) trains on the GPU when torch sees
+one, else on the CPU. On a GPU, batches are still built by numpy on the
+prefetch thread, pinned there, and copied non-blocking; every model runs its
+pure-PyTorch jagged path there unless fbgemm's CUDA build is installed
+(:mod:`trainer.ops.kernel` decides per call). ``--precision bf16`` runs the
+forward under bf16 autocast (GPU only); the default ``fp32`` keeps the
+logits exact, which the NE/calibration comparisons between models want
+(TF32 matmuls are allowed on the GPU either way).
+
+``--max-train-seconds``: a wall-clock safety net for shared or leased
+machines: no new epoch starts once the limit has passed (the report says
+how many epochs ran); the epoch budget, not the clock, is the comparison
+rule between models.
+
+Deterministic for a seed (on the CPU): the model init (``torch.manual_seed``), the epoch
 order (``(seed, epoch)``-seeded permutation) and the row order on disk
 (sorted on read) are all fixed; CPU kernels are deterministic at a fixed
 thread count.
@@ -87,6 +102,35 @@ class FitConfig:
     train_ne_sample: int = 10_000  # train examples scored after each epoch
     seed: int = 0
     threads: int = 1
+    device: str = "auto"  # auto: cuda if available, else cpu
+    precision: str = "fp32"  # fp32 | bf16 (autocast, GPU only)
+    max_train_seconds: float | None = None  # no new epoch after this
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` → the current CUDA device if torch sees one, else the CPU.
+
+    Example:
+        >>> resolve_device("cpu")
+        device(type='cpu')
+    """
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {name}: torch sees no CUDA device here")
+    return device
+
+
+def autocast_for(device: torch.device, precision: str) -> torch.autocast:
+    """The forward's autocast context: bf16 on a GPU when asked, else off."""
+    if precision not in ("fp32", "bf16"):
+        raise ValueError(f"unknown precision {precision!r}; choose fp32 or bf16")
+    return torch.autocast(
+        device.type,
+        dtype=torch.bfloat16,
+        enabled=precision == "bf16" and device.type == "cuda",
+    )
 
 
 def resolved_model_config(
@@ -196,11 +240,16 @@ def evaluate_dataset(
             data.batch(rows[i : i + batch_size])
             for i in range(0, len(rows), batch_size)
         )
-    outputs = [eval_step(model, b) for b in batches]
+    device = next(model.parameters()).device
+    on_gpu = device.type == "cuda"
+    outputs = [
+        eval_step(model, b.to(device, non_blocking=True) if on_gpu else b)
+        for b in batches
+    ]
     if predictions_out is not None and outputs:
-        predictions_out["labels"] = torch.cat([o.labels for o in outputs]).numpy()
-        predictions_out["probs"] = torch.cat([o.probs for o in outputs]).numpy()
-        predictions_out["domain"] = torch.cat([o.domain for o in outputs]).numpy()
+        predictions_out["labels"] = torch.cat([o.labels for o in outputs]).cpu().numpy()
+        predictions_out["probs"] = torch.cat([o.probs for o in outputs]).cpu().numpy()
+        predictions_out["domain"] = torch.cat([o.domain for o in outputs]).cpu().numpy()
     predictions = collect_predictions(outputs)
     by_task = {
         f"{d}/{o}": dataclasses.asdict(binary_metrics(y, p))
@@ -237,6 +286,12 @@ def fit(
     # they save (measured: 3x faster steps with 1 thread on the 2-core box).
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
+    device = resolve_device(cfg.device)
+    on_gpu = device.type == "cuda"
+    if on_gpu:
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    autocast = autocast_for(device, cfg.precision)
     config = resolved_model_config(cfg, base_config)
     seq_len = config.embedding.max_seq_len
     train = train_data
@@ -250,7 +305,7 @@ def fit(
         validation = ExampleDataset(cfg.validation, max_seq_len=seq_len)
     model = GEMTrain(
         BaseRateOffset(build_model(cfg.model, config), base_rate_logits(train))
-    )
+    ).to(device)
     optimizer = make_optimizer(model, cfg)
     # A fixed sample of train rows, scored after each epoch (train NE).
     train_rows = np.sort(
@@ -271,9 +326,17 @@ def fit(
             ]
         )
     seen, train_seconds = 0, 0.0
+    run_started = time.perf_counter()
+    epochs_run = 0
     for epoch in range(cfg.epochs):
+        if (
+            cfg.max_train_seconds is not None
+            and epoch > 0
+            and time.perf_counter() - run_started > cfg.max_train_seconds
+        ):
+            break
         # Sum losses as a tensor: one host sync per epoch, not per step.
-        total, steps = torch.zeros(()), 0
+        total, steps = torch.zeros((), device=device), 0
         started = time.perf_counter()
         for batch in train.batches(
             cfg.batch_size,
@@ -281,31 +344,41 @@ def fit(
             seed=cfg.seed,
             epoch=epoch,
             max_batches=cfg.max_steps_per_epoch,
+            pin_memory=on_gpu,
         ):
-            out = train_step(model, batch, optimizer, cfg.max_grad_norm)
+            if on_gpu:
+                batch = batch.to(device, non_blocking=True)
+            with autocast:
+                out = train_step(model, batch, optimizer, cfg.max_grad_norm)
             total += out.loss
             steps += 1
             seen += batch.size
+        if on_gpu:
+            torch.cuda.synchronize(device)  # the epoch's time includes its kernels
         train_seconds += time.perf_counter() - started
+        epochs_run += 1
         epoch_loss.append(float(total) / max(steps, 1))
-        train_ne.append(_click_ne(evaluate_dataset(model, train, rows=train_rows)))
+        with autocast:
+            train_ne.append(_click_ne(evaluate_dataset(model, train, rows=train_rows)))
         line = f"epoch {epoch}: mean train loss {epoch_loss[-1]:.5f}"
         line += f", train click NE {_fmt(train_ne[-1])}"
         if validation is not None:
-            validation_ne.append(
-                _click_ne(evaluate_dataset(model, validation, rows=validation_rows))
-            )
+            with autocast:
+                validation_ne.append(
+                    _click_ne(evaluate_dataset(model, validation, rows=validation_rows))
+                )
             line += f", validation click NE {_fmt(validation_ne[-1])}"
             score = validation_ne[-1]
             if score is not None and (best is None or score < best[0]):
                 best = (score, epoch, copy.deepcopy(model.state_dict()))
         print(line, file=sys.stderr)
 
-    best_epoch = cfg.epochs - 1
+    best_epoch = epochs_run - 1
     if best is not None:
         best_epoch = best[1]
         model.load_state_dict(best[2])
-    metrics = evaluate_dataset(model, evals, predictions_out=predictions_out)
+    with autocast:
+        metrics = evaluate_dataset(model, evals, predictions_out=predictions_out)
     return _clean(
         {
             "config": {
@@ -314,11 +387,14 @@ def fit(
                 "parameters": sum(p.numel() for p in model.parameters()),
                 "output_bias_init": "logit of the train base rate per task",
                 "torch_threads": torch.get_num_threads(),
+                "device": torch.cuda.get_device_name(device) if on_gpu else "cpu",
+                "precision": cfg.precision if on_gpu else "fp32",
             },
             "train": {
                 "examples": len(train),
                 "examples_seen": seen,
                 "seconds": train_seconds,
+                "epochs_run": epochs_run,
                 "examples_per_s": seen / train_seconds if train_seconds else None,
                 "epoch_loss": epoch_loss,
                 "epoch_train_click_ne": train_ne,
@@ -400,6 +476,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    p.add_argument(
+        "--device", default="auto", help="auto (cuda if available) | cpu | cuda[:N]"
+    )
+    p.add_argument(
+        "--precision",
+        choices=("fp32", "bf16"),
+        default="fp32",
+        help="bf16: autocast the forward on a GPU (ignored on the CPU)",
+    )
+    p.add_argument(
+        "--max-train-seconds",
+        type=float,
+        default=None,
+        help="start no new epoch after this many seconds (a safety net)",
+    )
     p.add_argument("--metrics-out", type=Path, required=True)
     args = vars(p.parse_args(argv))
     out = args.pop("metrics_out")

@@ -88,7 +88,9 @@ def eval_step(model: nn.Module, batch: Batch) -> EvalOutput:
     bare.eval()
     logits = bare(batch)
     bare.train(was_training)
-    probs = torch.sigmoid(own_domain(logits, batch.domain))
+    # float32 before the sigmoid: under bf16 autocast a probability of 1e-2
+    # would keep only ~3 significant digits, visible in NE and calibration.
+    probs = torch.sigmoid(own_domain(logits, batch.domain).float())
     return EvalOutput(probs, batch.labels, batch.domain)
 
 

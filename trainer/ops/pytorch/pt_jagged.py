@@ -62,7 +62,14 @@ def pytorch_segment_sum(values: torch.Tensor, offsets: torch.Tensor) -> torch.Te
 
 
 def pytorch_jagged_softmax(values: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-    """Softmax over each sequence's tokens, per column: (L, H) → (L, H)."""
+    """Softmax over each sequence's tokens, per column: (L, H) → (L, H).
+
+    Computed in float32 and returned in the input's dtype, as
+    ``torch.softmax`` is under autocast: ``exp`` runs in float32 there anyway,
+    and a bf16 sum of many exponentials drops the small ones.
+    """
+    dtype = values.dtype
+    values = values.float()
     total = values.shape[0]
     seg = pytorch_segment_ids(offsets, total)
     num = offsets.numel() - 1
@@ -72,7 +79,7 @@ def pytorch_jagged_softmax(values: torch.Tensor, offsets: torch.Tensor) -> torch
     peak = peak.scatter_reduce(0, index, values.detach(), "amax", include_self=True)
     exp = torch.exp(values - peak[seg])
     denom = values.new_zeros((num, *values.shape[1:])).index_add(0, seg, exp)
-    return exp / denom[seg]
+    return (exp / denom[seg]).to(dtype)
 
 
 def pytorch_jagged_dense_bmm(
