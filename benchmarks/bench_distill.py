@@ -2,9 +2,10 @@
 
 Usage::
 
-    python -m benchmarks.bench_distill [--section all|generated|movielens]
-        [--users 3000 --ads 400 --days 8] [--teacher-epochs 2] [--ml-steps 100]
-        [--student-epochs 3] [--max-seq-len 64] [--work DIR] [--json FILE]
+    python -m benchmarks.bench_distill [--section all|generated|movielens|freshness]
+        [--users 4000 --ads 400 --days 11 --warmup-days 3 --click-logit-shift 1]
+        [--teacher-epochs 2] [--ml-steps 100] [--student-epochs 3]
+        [--max-seq-len 64] [--variants alone,standard,full] [--work DIR] [--json FILE]
 
 Per data set, one process, time forward in four parts:
 
@@ -12,22 +13,26 @@ Per data set, one process, time forward in four parts:
    preset, tables capped, short windows) trained offline, then frozen;
 2. **student period**: the teacher-output job runs the frozen teacher once
    per example of everything after (1); every student trains on the
-   student days, with those outputs (the teacher is stale, as in ExFM);
+   student days, with those outputs (the teacher is stale, as in ExFM, and
+   its outputs are out-of-sample: it never trained on these examples);
 3. **validation day**: picks each student's epoch count (1..N) and standard
    distillation's weight λ; nothing is chosen on (4);
 4. **eval day**: NE / AUC / calibration per domain and objective for the
    teacher, the student alone, with standard distillation and with the full
    transfer (aux head + Student Adapter + representation + shared tables),
-   plus each method alone.
+   each method alone, and parameter sharing with the teacher's tables frozen
+   (``share_frozen``, ``full_frozen``).
 
 Transfer ratio (LoopFM's reading of "2x the effectiveness", model.md §1.2):
 ``(NE_alone - NE_method) / (NE_alone - NE_teacher)`` on the pooled eval
 predictions of the three domain students (and per domain).
 
-Generated: ``pipelines.synthetic`` (``--days 8``: teacher days 1-4, students
-5-6, validation 7, eval 8; ``--teacher-period through-students``: teacher
-days 1-6). MovieLens-1M-dev (``../shared/data``): impressions
-split at the 80 / 88 / 90 % time quantiles (teacher: ``--ml-steps`` batches of
+Generated: ``pipelines.synthetic`` (``--days 11 --warmup-days 3``: days 1-3
+only fill histories and counters, teacher days 4-7, students 8-9,
+validation 10, eval 11; ``--teacher-period through-students`` trains the
+teacher through day 9 and shows the in-sample leak, never a result).
+MovieLens-1M-dev (``../shared/data``): impressions split at the 80 / 88 / 90 %
+time quantiles (teacher: ``--ml-steps`` batches of
 512 sampled from the first 80 %, as in ``bench_quality``; eval: the last 10 %,
 the same examples as ``bench_quality``'s eval).
 """
@@ -80,8 +85,13 @@ VARIANTS: dict[str, tuple[str, ...]] = {
     "repr": ("repr",),
     "share": ("share",),
     "full": FULL,
+    # Parameter sharing with the teacher's id tables *frozen* (reused as
+    # they are, not fine-tuned): the student trains only its dense part.
+    "share_frozen": ("share",),
+    "full_frozen": FULL,
 }
-KD_WEIGHTS = (0.5, 1.0, 2.0, 4.0)  # λ for standard distillation, chosen on val
+FROZEN_TABLES = ("share_frozen", "full_frozen")
+KD_WEIGHTS = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0)  # λ for standard KD, chosen on val
 
 
 def _ms(day: dt.date) -> int:
@@ -182,6 +192,7 @@ def run_variant(
             "epochs_chosen": best + 1,
             "train_seconds": report["train"]["seconds"],
             "parameters": report["parameters"],
+            "trainable_parameters": report["trainable_parameters"],
             "shared_tables": len(report["shared_tables"]),
             "teacher_seen": report["teacher_seen"],
             "progressive": report["progressive"],
@@ -199,6 +210,9 @@ def run_variant(
     return {
         "val": pooled(p.val, val_probs),
         "eval": pooled(p.eval, eval_probs),
+        # Pooled eval click probabilities in DOMAINS order (for the
+        # bootstrap; popped before the JSON is written).
+        "_eval_click": np.concatenate([eval_probs[d][:, 0] for d in DOMAINS]),
         "epochs_chosen": chosen,
         "domains": reports,
     }
@@ -218,6 +232,7 @@ def run_section(
     args: argparse.Namespace,
     work: Path,
     teacher_args: dict[str, Any],
+    truth: Path | None = None,
 ) -> dict[str, Any]:
     config = bench_config(args.max_seq_len)
     started = time.perf_counter()
@@ -238,7 +253,8 @@ def run_section(
     state = read_checkpoint(ckpt)
     tables = teacher_tables(state)
     dim, cap = config.embedding.dim, config.embedding.max_num_embeddings
-    base = DistillConfig(
+    base = dataclasses.replace(
+        adapter_config(args),
         epochs=args.student_epochs,
         batch_size=args.batch_size,
         lr=args.lr,
@@ -261,12 +277,30 @@ def run_section(
         },
         "variants": {},
     }
+    if truth is not None:
+        result["bayes"] = {
+            "val": bayes_eval(truth, period.val),
+            "eval": bayes_eval(truth, period.eval),
+        }
+        print(
+            f"{name}: teacher val all/click NE "
+            f"{result['teacher']['val']['all/click']['ne']:.4f}, Bayes "
+            f"{result['bayes']['val']['all/click']['ne']:.4f}",
+            flush=True,
+        )
     for variant, methods in VARIANTS.items():
+        if args.variants and variant not in args.variants:
+            continue
         weights = KD_WEIGHTS if variant == "standard" else (1.0,)
         candidates = {}
         for w in weights:
             t0 = time.perf_counter()
-            cfg = dataclasses.replace(base, methods=methods, kd_weight=w)
+            cfg = dataclasses.replace(
+                base,
+                methods=methods,
+                kd_weight=w,
+                share_frozen=variant in FROZEN_TABLES,
+            )
             candidates[w] = run_variant(cfg, period, dim, cap, tables)
             candidates[w]["kd_weight"] = w
             candidates[w]["seconds"] = time.perf_counter() - t0
@@ -284,12 +318,71 @@ def run_section(
             flush=True,
         )
     result["transfer_ratio"] = ratios(result)
+    clicks = {v: r.pop("_eval_click") for v, r in result["variants"].items()}
+    if {"alone", "standard", "full"} <= set(clicks):
+        labels = np.concatenate([period.eval[d].labels()[:, 0] for d in DOMAINS])
+        clicks["teacher"] = np.concatenate(
+            [teacher_probs(period.eval)[d][:, 0] for d in DOMAINS]
+        )
+        np.savez_compressed(work / "eval_click_predictions.npz", y=labels, **clicks)
+        result["bootstrap"] = bootstrap_ratios(labels, clicks, seed=args.seed)
+        print(f"{name}: bootstrap {json.dumps(result['bootstrap'])}", flush=True)
     result["seconds"] = time.perf_counter() - started
     return result
 
 
+def _ne_rows(y: np.ndarray, p: np.ndarray) -> np.ndarray:
+    """NE of each row of (R, N) resampled labels / probabilities."""
+    p = np.clip(p, 1e-7, 1 - 1e-7)
+    loss = -(y * np.log(p) + (1 - y) * np.log(1 - p)).mean(1)
+    rate = np.clip(y.mean(1), 1e-7, 1 - 1e-7)
+    ne: np.ndarray = loss / -(rate * np.log(rate) + (1 - rate) * np.log(1 - rate))
+    return ne
+
+
+def bootstrap_ratios(
+    y: np.ndarray,
+    probs: dict[str, np.ndarray],
+    *,
+    resamples: int = 1000,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Paired bootstrap over eval examples (all/click): the spread of the
+    standard and full transfer ratios and of full / standard.
+
+    One resample draws the eval examples with replacement and scores every
+    model on the *same* draw, so the ratios keep their pairing.
+    """
+    rng = np.random.default_rng(seed)
+    out: dict[str, Any] = {"resamples": resamples}
+    draws: dict[str, list[np.ndarray]] = {}
+    for chunk in range(0, resamples, 100):  # bounded memory
+        idx = rng.integers(0, len(y), size=(min(100, resamples - chunk), len(y)))
+        yy = y[idx].astype(np.float64)
+        ne = {k: _ne_rows(yy, p[idx].astype(np.float64)) for k, p in probs.items()}
+        gap = ne["alone"] - ne["teacher"]
+        for v in ("standard", "full"):
+            draws.setdefault(v, []).append((ne["alone"] - ne[v]) / gap)
+        draws.setdefault("teacher_gap", []).append(gap)
+    std, full = np.concatenate(draws["standard"]), np.concatenate(draws["full"])
+    gap = np.concatenate(draws["teacher_gap"])
+    for key, values in (
+        ("standard", std),
+        ("full", full),
+        ("full_minus_2x_standard", full - 2 * std),
+        ("teacher_gap_ne", gap),
+    ):
+        lo, mid, hi = np.percentile(values, [5, 50, 95])
+        out[key] = {"p5": float(lo), "median": float(mid), "p95": float(hi)}
+    out["share_full_at_least_2x_standard"] = float(np.mean(full >= 2 * std))
+    out["share_teacher_better_than_alone"] = float(np.mean(gap > 0))
+    return out
+
+
 def ratios(result: dict[str, Any]) -> dict[str, dict[str, float]]:
     """Transfer ratio of every variant on every click / conversion slice."""
+    if "alone" not in result["variants"]:
+        return {}
     teacher = result["teacher"]["eval"]
     alone = result["variants"]["alone"]["eval"]
     out: dict[str, dict[str, float]] = {}
@@ -305,10 +398,60 @@ def ratios(result: dict[str, Any]) -> dict[str, dict[str, float]]:
     return out
 
 
-def generated(args: argparse.Namespace, work: Path) -> dict[str, Any]:
-    gen = GeneratorConfig(
-        users=args.users, ads=args.ads, days=args.days, seed=args.seed
+def generated_world(args: argparse.Namespace) -> GeneratorConfig:
+    """The generated world: ``--click-logit-shift`` raises every domain's click
+    intercept (more positives per impression: the default +1.0 takes the CTR
+    from ~1.5 % to ~4 %, so an eval day has hundreds of clicks, not ~100)."""
+    params = ModelParams()
+    params = dataclasses.replace(
+        params,
+        click_base_logit=tuple(
+            x + args.click_logit_shift for x in params.click_base_logit
+        ),
     )
+    return GeneratorConfig(
+        users=args.users, ads=args.ads, days=args.days, seed=args.seed, params=params
+    )
+
+
+def bayes_eval(truth_path: Path, period: dict[str, StudentData]) -> dict[str, Any]:
+    """Metrics of the generator's true probabilities on the eval examples: the
+    floor no model can beat (pooled like the students' predictions)."""
+    truth = pq.read_table(truth_path, columns=["impression_id", "p_click"])
+    p_true = dict(
+        zip(
+            truth.column("impression_id").to_pylist(),
+            truth.column("p_click").to_numpy().tolist(),
+            strict=True,
+        )
+    )
+    out: dict[str, Any] = {}
+    ys, ps = [], []
+    for d, data in period.items():
+        ids = data.examples.column("example_id").to_pylist()
+        p = np.array([p_true[i] for i in ids])
+        y = data.labels()[:, 0]
+        out[f"{d}/click"] = _metrics(y, p)
+        ys.append(y)
+        ps.append(p)
+    out["all/click"] = _metrics(np.concatenate(ys), np.concatenate(ps))
+    return out
+
+
+def generated(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    """Days: ``--warmup-days`` of history only | teacher | 2 student days |
+    validation | eval.
+
+    The warm-up days are events nobody trains on: they fill the users'
+    histories and the 1 d / 7 d counters, so the teacher's examples look like
+    the later days' (in a world that starts empty, the counters of the first
+    days are a fraction of the last days', and a teacher trained on them is
+    out of distribution on the students' days for that reason alone).
+    """
+    gen = generated_world(args)
+    teacher_days = args.days - args.warmup_days - 4
+    if teacher_days < 1:
+        raise SystemExit("--days must leave at least one teacher day after warm-up")
     generate_dataset(gen, work / "gen")
     assert (
         reference.main(
@@ -316,22 +459,26 @@ def generated(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         )
         == 0
     )
-    teacher_days = args.days - 4
-    student_cut = _ms(gen.start + dt.timedelta(days=teacher_days))
+    warm_cut = _ms(gen.start + dt.timedelta(days=args.warmup_days))
+    student_cut = _ms(gen.start + dt.timedelta(days=args.warmup_days + teacher_days))
     val_cut = _ms(gen.start + dt.timedelta(days=args.days - 2))
     eval_cut = _ms(gen.start + dt.timedelta(days=args.days - 1))
-    n_teacher, n_student = time_forward_split(
-        work / "f", student_cut, work / "teacher_f", work / "student_f"
+    teacher_end = val_cut if args.teacher_period == "through-students" else student_cut
+    # through-students: the teacher also trains on the student days (fresher,
+    # more data), so its outputs there are in-sample: kept only to show the
+    # leak (README), never a result.
+    time_forward_split(work / "f", teacher_end, work / "before_f", work / "unused_f")
+    n_warm, n_teacher = time_forward_split(
+        work / "before_f", warm_cut, work / "warmup_f", work / "teacher_f"
     )
-    if args.teacher_period == "through-students":
-        # The teacher also trains on the student days (everything before the
-        # validation day): fresher and on 50 % more data; its outputs on the
-        # student days are then in-sample, as in ordinary offline KD.
-        n_teacher, _ = time_forward_split(
-            work / "f", val_cut, work / "teacher_f", work / "unused_f"
-        )
-    print(f"generated: teacher {n_teacher}, student period {n_student}", flush=True)
-    return run_section(
+    _, n_student = time_forward_split(
+        work / "f", student_cut, work / "unused_f", work / "student_f"
+    )
+    print(
+        f"generated: warm-up {n_warm}, teacher {n_teacher}, student period {n_student}",
+        flush=True,
+    )
+    result = run_section(
         "generated",
         work / "teacher_f",
         work / "student_f",
@@ -344,7 +491,12 @@ def generated(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             "batch_size": args.batch_size,
             "lr": args.teacher_lr,
         },
-    ) | {"cuts_ms": [student_cut, val_cut, eval_cut]}
+        truth=work / "gen" / "truth.parquet",
+    )
+    return result | {
+        "cuts_ms": [warm_cut, student_cut, val_cut, eval_cut],
+        "warmup_examples": n_warm,
+    }
 
 
 def movielens_section(args: argparse.Namespace, work: Path) -> dict[str, Any] | None:
@@ -388,6 +540,16 @@ FRESHNESS_VARIANTS: dict[str, tuple[str, ...]] = {
 }
 
 
+def adapter_config(args: argparse.Namespace) -> DistillConfig:
+    """The Student Adapter's knobs from the command line (defaults otherwise)."""
+    return DistillConfig(
+        adapter_lr=args.adapter_lr,
+        adapter_tracker=not args.no_adapter_tracker,
+        adapter_level_noise=args.adapter_level_noise,
+        adapter_slope_noise=args.adapter_slope_noise,
+    )
+
+
 def freshness(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     """The drift scenario: base rates rise every day, the teacher is frozen at
     day ``--fresh-k``, students keep training (one pass, in time order).
@@ -398,12 +560,19 @@ def freshness(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     sampling error of about 1/sqrt(positives), several % per day here.
     """
     drift = (args.fresh_drift,) * len(DOMAINS)
+    params = ModelParams(base_logit_drift_per_day=drift)
+    params = dataclasses.replace(
+        params,
+        click_base_logit=tuple(
+            x + args.fresh_click_shift for x in params.click_base_logit
+        ),
+    )
     gen = GeneratorConfig(
         users=args.fresh_users,
         ads=args.fresh_users // 10,
         days=args.fresh_days,
         seed=args.seed,
-        params=ModelParams(base_logit_drift_per_day=drift),
+        params=params,
     )
     frozen_at = _ms(gen.start + dt.timedelta(days=args.fresh_k))
     # --reuse: the same config's data, teacher and outputs from an earlier run.
@@ -435,11 +604,11 @@ def freshness(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     if reuse:
         ckpt = list_checkpoints(work / "teacher")[-1]
     else:
-        data = ExampleDataset(work / "teacher_f", max_seq_len=16)
+        teacher_data = ExampleDataset(work / "teacher_f", max_seq_len=16)
         ckpt = train_teacher(
-            data, config, work / "teacher", lr=args.teacher_lr, seed=args.seed
+            teacher_data, config, work / "teacher", lr=args.teacher_lr, seed=args.seed
         )
-        del data
+        del teacher_data
         teacher_outputs.run(
             work / "student_f", ckpt, work / "teacher_outputs", max_seq_len=16
         )
@@ -472,7 +641,10 @@ def freshness(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         }
         curves: dict[str, Any] = {"true_click_sum": true_sum}
         for variant, methods in FRESHNESS_VARIANTS.items():
-            cfg = DistillConfig(
+            if args.variants and variant not in args.variants:
+                continue
+            cfg = dataclasses.replace(
+                adapter_config(args),
                 methods=methods,
                 epochs=1,
                 shuffle=False,
@@ -491,7 +663,7 @@ def freshness(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             curves[variant] = {
                 day: prog[day]["click"]["student_sum"] / true_sum[day] for day in prog
             }
-            if variant == "standard":
+            if "teacher" not in curves:
                 curves["teacher"] = {
                     day: prog[day]["click"]["teacher_sum"] / true_sum[day]
                     for day in prog
@@ -503,6 +675,14 @@ def freshness(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 }
                 curves["positives"] = {
                     day: prog[day]["click"]["positives"] for day in prog
+                }
+                # The usual (label-based) calibration, progressive: what the
+                # adapter can be held to with a day of labels (the day's
+                # clicks differ from Σ true p by ~1/sqrt(clicks) themselves).
+                curves["adapter_vs_labels"] = {
+                    day: prog[day]["click"]["adapter_sum"]
+                    / prog[day]["click"]["positives"]
+                    for day in prog
                 }
                 curves["label_calibration_full"] = {
                     day: prog[day]["click"]["student_calibration"] for day in prog
@@ -538,21 +718,25 @@ def plot_freshness(result: dict[str, Any], path: Path) -> None:
         "standard": "student, standard KD",
         "full": "student, full transfer",
         "alone": "student alone",
+        "adapter_vs_labels": "Student Adapter, Σ predicted / Σ clicks",
     }
     for ax, d in zip(axes, DOMAINS, strict=True):
         curves = result["domains"][d]
         for key, label in labels.items():
+            if key not in curves:  # a variant not run (--variants)
+                continue
             days = sorted(curves[key])
             ax.plot(
                 range(len(days)),
                 [curves[key][x] for x in days],
                 marker="o",
+                linestyle="--" if key == "adapter_vs_labels" else "-",
                 label=label,
             )
         ax.axhspan(0.98, 1.02, color="green", alpha=0.15, label="1.0 ± 2%")
         ax.set_xticks(range(len(days)), [x[5:] for x in days], fontsize="small")
         ax.set_title(f"{d}: click calibration, teacher frozen")
-        ax.set_ylabel("Σ predicted / Σ true p")
+        ax.set_ylabel("Σ predicted / Σ true p (dashed: / Σ clicks)")
         ax.legend(fontsize="x-small")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -601,13 +785,61 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fresh-days", type=int, default=8)
     p.add_argument("--fresh-k", type=int, default=2, help="teacher frozen at day k")
     p.add_argument("--fresh-drift", type=float, default=0.15, help="logit per day")
+    p.add_argument(
+        "--fresh-click-shift",
+        type=float,
+        default=1.0,
+        help="freshness: added to every domain's click intercept",
+    )
     p.add_argument("--png", type=Path, default=None, help="freshness curves")
+    p.add_argument(
+        "--png-from",
+        type=Path,
+        default=None,
+        help="redraw --png from a saved --json result (no run)",
+    )
+    defaults = DistillConfig()
+    p.add_argument("--adapter-lr", type=float, default=defaults.adapter_lr)
+    p.add_argument(
+        "--adapter-level-noise", type=float, default=defaults.adapter_level_noise
+    )
+    p.add_argument(
+        "--adapter-slope-noise", type=float, default=defaults.adapter_slope_noise
+    )
+    p.add_argument(
+        "--no-adapter-tracker",
+        action="store_true",
+        help="the adapter without its calibration filter (the first design)",
+    )
     p.add_argument(
         "--reuse", action="store_true", help="freshness: reuse data and teacher"
     )
-    p.add_argument("--users", type=int, default=3000)
+    p.add_argument("--users", type=int, default=4000)
     p.add_argument("--ads", type=int, default=400)
-    p.add_argument("--days", type=int, default=8)
+    p.add_argument(
+        "--days",
+        type=int,
+        default=11,
+        help="generated: warm-up + teacher days + 2 student days + val + eval",
+    )
+    p.add_argument(
+        "--warmup-days",
+        type=int,
+        default=3,
+        help="generated: first days only fill histories and counters",
+    )
+    p.add_argument(
+        "--click-logit-shift",
+        type=float,
+        default=1.0,
+        help="generated: added to every domain's click intercept",
+    )
+    p.add_argument(
+        "--variants",
+        type=lambda t: tuple(t.split(",")),
+        default=(),
+        help="comma list of student variants (default: all)",
+    )
     p.add_argument("--teacher-epochs", type=int, default=2)
     p.add_argument(
         "--teacher-period",
@@ -627,6 +859,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--work", type=Path, default=Path("/tmp/bench_distill"))
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
+    if args.png_from is not None:
+        if args.png is None:
+            p.error("--png-from needs --png")
+        saved = json.loads(args.png_from.read_text())["freshness"]
+        plot_freshness(saved, args.png)
+        return 0
     torch.set_num_threads(args.threads)
     started = time.perf_counter()
     result: dict[str, Any] = {

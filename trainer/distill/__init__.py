@@ -25,7 +25,9 @@ What is public and what is ours (model.md §6):
   Hinton et al. (2015). The equations were transcribed from an unofficial
   re-implementation (model.md §6.1), not checked against the PDF.
 - **Ours**: the adapter's extra inputs (domain, objective, staleness), its
-  identity initialisation and "score before learning" order; the student
+  identity initialisation and "score before learning" order, and its
+  calibration filter (a per-domain logit offset with a level and a slope in
+  staleness, updated by a Kalman filter on the freshest labels); the student
   architecture (per domain, torchrec DLRM arches over non-sequential
   features); representation transfer as "teacher summary embedding = student
   dense input" (LoopFM describes the idea, not this form); parameter sharing

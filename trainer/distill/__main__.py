@@ -109,6 +109,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--label-scale", type=float, default=1.0)
     p.add_argument("--grad-scale", type=float, default=1.0)
     p.add_argument("--adapter-lr", type=float, default=1e-2)
+    p.add_argument(
+        "--no-adapter-tracker",
+        action="store_true",
+        help="the Student Adapter without its calibration filter (MLP only)",
+    )
     p.add_argument("--share-frozen", action="store_true")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--metrics-out", type=Path, required=True)
@@ -135,6 +140,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         label_scale=args.label_scale,
         grad_scale=args.grad_scale,
         adapter_lr=args.adapter_lr,
+        adapter_tracker=not args.no_adapter_tracker,
         share_frozen=args.share_frozen,
     )
     output_dirs = [

@@ -40,7 +40,7 @@ from torch import nn
 
 from features.metrics import binary_metrics
 from features.vocab import TRAINING_OBJECTIVES
-from trainer.distill.adapter import StudentAdapter
+from trainer.distill.adapter import OffsetTracker, StudentAdapter
 from trainer.distill.losses import (
     adapter_distill_loss,
     adapter_fit_loss,
@@ -99,6 +99,10 @@ class DistillConfig:
     grad_scale: float = 1.0  # β
     adapter_lr: float = 1e-2
     adapter_weight: float = 1.0
+    # The adapter's calibration filter (adapter.OffsetTracker); 0 noise = off.
+    adapter_tracker: bool = True
+    adapter_level_noise: float = 0.03  # logit / sqrt(day)
+    adapter_slope_noise: float = 0.01  # logit / day / sqrt(day)
     share_frozen: bool = False
 
 
@@ -159,15 +163,40 @@ def adapter_step(
     sb: StudentBatch,
     domain_index: int,
 ) -> torch.Tensor:
-    """One update of the adapter on the batch's labels; touches only its params."""
+    """One update of the adapter on the batch's labels; touches only its params.
+
+    With a tracker: first the filter takes the batch (its observation is the
+    MLP's output the batch was scored with), then the MLP steps on the labels
+    with the *updated* offset added as a constant, so the MLP learns what the
+    offset does not explain (shape, per-objective) and the filter owns the
+    intercept.
+    """
     adapter.train()
     optimizer.zero_grad(set_to_none=True)
     domain = torch.full((sb.batch.size,), domain_index, dtype=torch.long)
-    logits = adapter(sb.teacher_logits, domain, sb.staleness_hours)
+    logits = adapter.mlp_logits(sb.teacher_logits, domain, sb.staleness_hours)
+    if adapter.tracker is not None:
+        adapter.tracker.update(
+            logits.detach(),
+            sb.batch.labels,
+            sb.teacher_mask,
+            domain,
+            sb.staleness_hours,
+        )
+        logits = logits + adapter.tracker.offset(domain, sb.staleness_hours)
     loss = adapter_fit_loss(logits, sb.batch.labels, sb.teacher_mask)
     loss.backward()
     optimizer.step()
     return loss.detach()
+
+
+def make_tracker(cfg: DistillConfig) -> OffsetTracker | None:
+    """The adapter's calibration filter for ``cfg`` (None when switched off)."""
+    if not cfg.adapter_tracker:
+        return None
+    return OffsetTracker(
+        level_noise=cfg.adapter_level_noise, slope_noise=cfg.adapter_slope_noise
+    )
 
 
 def adapter_logits_of(
@@ -294,7 +323,11 @@ class StudentTrainer:
         self.domain_index = domain_index
         self.trainable = [p for p in student.parameters() if p.requires_grad]
         self.optimizer = torch.optim.Adam(self.trainable, lr=cfg.lr)
-        self.adapter = StudentAdapter() if "adapter" in cfg.methods else None
+        self.adapter = (
+            StudentAdapter(tracker=make_tracker(cfg))
+            if "adapter" in cfg.methods
+            else None
+        )
         self.adapter_optimizer = (
             torch.optim.Adam(self.adapter.parameters(), lr=cfg.adapter_lr)
             if self.adapter is not None
