@@ -1,6 +1,8 @@
-"""Streaming job: sustained events/s with the trainer beside it, and freshness.
+"""Streaming job: sustained events/s with the trainer beside it, and freshness;
+or a soak: memory over a long live stream.
 
     python -m benchmarks.bench_streaming [--users 300 --days 3 --rate 2000]
+    python -m benchmarks.bench_streaming --soak-seconds 600 --rate 300
 
 One run of :func:`pipelines.demo_stream.run_stream_demo` (generator at a
 steady rate -> streaming job with Feast pushes -> trainer daemon, all on the
@@ -11,6 +13,11 @@ events/s of both and their ratio, and freshness p50 / p99 (event -> example
 on Kafka beyond the label window, event -> Feast online value, example ->
 first training step), with the hardware and the load average (the machine is
 shared).
+
+The soak (``--soak-seconds``) publishes a generated stream at ``--rate`` for
+that long to the embedded broker while the streaming job reads it (a bounded
+run: it ends once the topic is idle), and samples the resident memory of the
+job (with its children) and of the broker every 10 s until the job ends.
 """
 
 from __future__ import annotations
@@ -44,6 +51,114 @@ def batch_peer(data: Path, out: Path) -> dict[str, Any]:
     }
 
 
+def _rss_mb(pid: int) -> float:
+    """Resident memory of a process and its children, MB (0 once it is gone)."""
+    import psutil
+
+    try:
+        process = psutil.Process(pid)
+        total = process.memory_info().rss
+        for child in process.children(recursive=True):
+            try:
+                total += child.memory_info().rss
+            except psutil.Error:
+                continue
+    except psutil.Error:
+        return 0.0
+    return total / 2**20
+
+
+def soak(seconds: float, rate: float, output: Path) -> dict[str, Any]:
+    """Publish for ``seconds`` at ``rate`` while the job runs; RSS every 10 s."""
+    import subprocess
+    import sys
+    import threading
+
+    from features.kafka import EmbeddedKafka, ensure_topics
+    from pipelines.event_stream import publish_events
+    from pipelines.reference import read_input
+    from pipelines.synthetic import GeneratorConfig, generate_dataset, validation_now_ms
+
+    wanted = int(seconds * rate)
+    # About 12 events per user and day in the generated world; 20 % spare.
+    world = GeneratorConfig(users=max(100, int(wanted / 36 * 1.2)), ads=200, days=3)
+    generate_dataset(world, output / "gen")
+    events = read_input(output / "gen")[0].sort_by([("event_time", "ascending")])
+    events = events.slice(0, min(wanted, events.num_rows))
+    samples: list[dict[str, Any]] = []
+    with EmbeddedKafka(log_path=output / "tansu.log") as broker:
+        settings = broker.settings
+        ensure_topics(settings, {"gem.events": 4, "gem.examples": 4})
+        with open(output / "job.log", "wb") as job_log:
+            job = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "pipelines.build",
+                    "--streaming",
+                    "--runner=DirectRunner",
+                    f"--input={output / 'gen'}",
+                    f"--output={output / 'job'}",
+                    f"--kafka-bootstrap={settings.bootstrap}",
+                    "--events-topic=gem.events",
+                    "--examples-topic=gem.examples",
+                    "--shards=4",
+                    "--entity-shards=2",
+                    "--release-granularity-ms=3600000",
+                    "--stream-idle-seconds=5",
+                    f"--now-ms={validation_now_ms(world)}",
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=job_log,
+            )
+        publisher = threading.Thread(
+            target=publish_events,
+            args=(events, settings, "gem.events"),
+            kwargs={"rate": rate},
+        )
+        started = time.monotonic()
+        publisher.start()
+        try:
+            while job.poll() is None:
+                samples.append(
+                    {
+                        "t_s": round(time.monotonic() - started, 1),
+                        "job_rss_mb": round(_rss_mb(job.pid), 1),
+                        "broker_rss_mb": round(_rss_mb(broker.pid), 1),
+                        "publishing": publisher.is_alive(),
+                    }
+                )
+                time.sleep(10)
+        finally:
+            if job.poll() is None:
+                job.kill()
+            publisher.join()
+    summary_path = output / "job" / "stream_summary.json"
+    if job.returncode != 0 or not summary_path.exists():
+        errors = [
+            line
+            for line in (output / "job.log").read_text(errors="replace").splitlines()
+            if "Error" in line
+        ]
+        summary = {"counts": {}, "error": errors[-1] if errors else "no summary"}
+    else:
+        summary = json.loads(summary_path.read_text())
+    return {
+        "cpu": cpu_model(),
+        "cores": os.cpu_count(),
+        "load_average_1m": round(os.getloadavg()[0], 1),
+        "events": events.num_rows,
+        "rate": rate,
+        "publish_seconds": round(events.num_rows / rate, 1),
+        "job_seconds": round(time.monotonic() - started, 1),
+        "job_exit": job.returncode,
+        "peak_job_rss_mb": max(s["job_rss_mb"] for s in samples),
+        "counts": summary["counts"],
+        "error": summary.get("error"),
+        "samples": samples,
+    }
+
+
 def main() -> int:
     """Run the benchmark once and print its figures."""
     parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_streaming")
@@ -52,8 +167,17 @@ def main() -> int:
     parser.add_argument("--rate", type=float, default=2000.0)
     parser.add_argument("--pause-broker-seconds", type=float, default=0.0)
     parser.add_argument("--output", type=Path, default=Path("demo-output/bench-stream"))
+    parser.add_argument(
+        "--soak-seconds",
+        type=float,
+        help="soak instead: publish this long at --rate, sample RSS every 10 s",
+    )
     args = parser.parse_args()
     shutil.rmtree(args.output, ignore_errors=True)
+    if args.soak_seconds:
+        args.output.mkdir(parents=True)
+        print(json.dumps(soak(args.soak_seconds, args.rate, args.output), indent=2))
+        return 0
     config = StreamDemoConfig(
         users=args.users,
         days=args.days,

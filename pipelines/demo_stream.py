@@ -325,8 +325,8 @@ def _start_job(
         f"--entity-shards={config.entity_shards}",
         f"--release-granularity-ms={config.granularity_ms}",
         f"--allowed-lateness-ms={config.allowed_lateness_ms}",
-        # A paused broker looks idle to the reader: wait longer than the pause.
-        f"--stream-idle-seconds={config.idle_seconds + config.pause_broker_seconds}",
+        # A paused broker does not count as idle (the reader checks it answers).
+        f"--stream-idle-seconds={config.idle_seconds}",
         f"--now-ms={now}",
         f"--feast-state-dir={feast_state}",
         f"--feast-project={project}",

@@ -256,3 +256,15 @@ def test_pushed_counters_and_sequences_are_online(run: StreamRun) -> None:
 def test_streaming_needs_its_topics(tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match="--events-topic"):
         build.run(["--streaming", f"--input={tmp_path}", "--kafka-bootstrap=x:1"])
+
+
+def test_only_local_runners_get_the_entity_stage_break() -> None:
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from pipelines.streaming.job import local_runner
+
+    assert local_runner(PipelineOptions([]))  # Beam's default: DirectRunner
+    for runner in ("DirectRunner", "FnApiRunner", "BundleBasedDirectRunner"):
+        assert local_runner(PipelineOptions([f"--runner={runner}"])), runner
+    for runner in ("FlinkRunner", "DataflowRunner", "PrismRunner"):
+        assert not local_runner(PipelineOptions([f"--runner={runner}"])), runner

@@ -1,27 +1,37 @@
-"""Reliability of the streaming job: SIGKILL mid-run, restart, nothing lost and
-nothing published twice.
+"""Reliability of the streaming job on a real broker: a SIGKILL mid-publish
+and a restart lose nothing and publish nothing twice; a broker outage
+(SIGSTOP / SIGCONT) is waited out and nothing is lost.
 
-The mechanism under test (``pipelines/streaming/publish.py``): the restarted
-job replays the events topic and rebuilds its state; its publisher reads the
+The restart mechanism (``pipelines/streaming/publish.py``): the restarted job
+replays the events topic and rebuilds its state; its publisher reads the
 example ids already on the examples topic (the ledger) and drops those, so
 the topic ends with every example exactly once.
+
+The outage mechanism (``pipelines/streaming/kafka_source.py``): a bounded run
+stops a partition only after a full idle period that began and ended with a
+prompt broker round trip; time the broker spent unresponsive does not count
+as idle, so a pause longer than ``--stream-idle-seconds`` does not end the
+run early.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 
 from features.example_messages import decode_example_message
-from features.kafka import KafkaSettings, ensure_topics
-from pipelines.event_stream import publish_events
+from features.kafka import EmbeddedKafka, KafkaSettings, ensure_topics
+from pipelines.event_stream import PublishReport, publish_events
 from pipelines.reference import build_reference, read_input
 from pipelines.synthetic import GeneratorConfig, generate_dataset, validation_now_ms
 from tests.test_streaming_job import read_topic
@@ -31,10 +41,17 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 CONFIG = GeneratorConfig(users=40, ads=15, days=3, seed=8)
 NOW = validation_now_ms(CONFIG)
 ROOT = Path(__file__).resolve().parents[1]
+SHARDS = 4
 
 
 def _job(
-    settings: KafkaSettings, data: Path, out: Path, topics: tuple[str, str]
+    settings: KafkaSettings,
+    data: Path,
+    out: Path,
+    topics: tuple[str, str],
+    *,
+    idle_seconds: float = 0.5,
+    granularity_ms: int = 3_600_000,
 ) -> list[str]:
     return [
         sys.executable,
@@ -47,10 +64,10 @@ def _job(
         f"--kafka-bootstrap={settings.bootstrap}",
         f"--events-topic={topics[0]}",
         f"--examples-topic={topics[1]}",
-        "--shards=4",
+        f"--shards={SHARDS}",
         "--entity-shards=2",
-        "--release-granularity-ms=3600000",
-        "--stream-idle-seconds=0.5",
+        f"--release-granularity-ms={granularity_ms}",
+        f"--stream-idle-seconds={idle_seconds}",
         f"--now-ms={NOW}",
     ]
 
@@ -64,44 +81,74 @@ def _example_ids(settings: KafkaSettings, topic: str) -> list[str]:
     return ids
 
 
-def test_sigkill_and_restart_lose_nothing_and_duplicate_nothing(
+def _expected_ids(events: pa.Table, data: Path) -> set[str]:
+    _, users, ads, contents = read_input(data)
+    reference = build_reference(events, users, ads, contents, now_ms=NOW)
+    return set(reference.examples.column("example_id").to_pylist())
+
+
+def _freeze_at_first_example(
+    job: subprocess.Popen[bytes], settings: KafkaSettings, topic: str
+) -> None:
+    """SIGSTOP the job the moment the first example message reaches ``topic``.
+
+    A tailing consumer (short fetch waits) sees the first message within tens
+    of milliseconds, while the job is still releasing and sending the rest:
+    freezing it there puts the SIGKILL that follows in the middle of the
+    publishing, with some examples acknowledged and others not.
+    """
+    from kafka import KafkaConsumer, TopicPartition
+
+    consumer = KafkaConsumer(
+        **settings.client_config(), enable_auto_commit=False, fetch_max_wait_ms=20
+    )
+    try:
+        tps = [TopicPartition(topic, p) for p in range(SHARDS)]
+        consumer.assign(tps)
+        consumer.seek_to_beginning(*tps)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and job.poll() is None:
+            if consumer.poll(timeout_ms=20):
+                os.kill(job.pid, signal.SIGSTOP)
+                return
+        raise AssertionError("the job published no example before it ended")
+    finally:
+        consumer.close()
+
+
+def test_sigkill_mid_publish_and_restart_lose_nothing_and_duplicate_nothing(
     tmp_path: Path, kafka_settings: KafkaSettings
 ) -> None:
-    generate_dataset(CONFIG, tmp_path / "gen")
-    events, users, ads, contents = read_input(tmp_path / "gen")
-    expected = set(
-        build_reference(events, users, ads, contents, now_ms=NOW)
-        .examples.column("example_id")
-        .to_pylist()
-    )
+    data = tmp_path / "gen"
+    generate_dataset(CONFIG, data)
+    events = read_input(data)[0]
+    expected = _expected_ids(events, data)
     suffix = uuid.uuid4().hex[:8]
     topics = (f"ev-{suffix}", f"ex-{suffix}")
-    ensure_topics(kafka_settings, {topics[0]: 2})
+    ensure_topics(kafka_settings, {topics[0]: 2, topics[1]: SHARDS})
     publish_events(events, kafka_settings, topics[0])
 
-    # First run: killed (SIGKILL, no cleanup) once examples start to appear.
+    # First run: frozen at its first published example, then SIGKILLed (no
+    # cleanup, producer buffers lost).
     first = subprocess.Popen(
-        _job(kafka_settings, tmp_path / "gen", tmp_path / "out1", topics),
+        _job(kafka_settings, data, tmp_path / "out1", topics, granularity_ms=600_000),
         cwd=ROOT,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and first.poll() is None:
-            ensure_topics(kafka_settings, {topics[1]: 4})
-            if _example_ids(kafka_settings, topics[1]):
-                break
-            time.sleep(0.2)
+        _freeze_at_first_example(first, kafka_settings, topics[1])
     finally:
         first.send_signal(signal.SIGKILL)
         first.wait()
     before = _example_ids(kafka_settings, topics[1])
-    assert before, "the first run published nothing before it was killed"
+    assert len(before) == len(set(before))
+    # The kill landed mid-run: some examples were out, not all of them.
+    assert 0 < len(before) < len(expected), (len(before), len(expected))
 
     # Second run: replays the events, publishes only what is missing.
     second = subprocess.run(
-        _job(kafka_settings, tmp_path / "gen", tmp_path / "out2", topics),
+        _job(kafka_settings, data, tmp_path / "out2", topics, granularity_ms=600_000),
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -117,5 +164,74 @@ def test_sigkill_and_restart_lose_nothing_and_duplicate_nothing(
     assert set(after) == expected, "an example was lost"
     # The restart recomputed everything and the ledger dropped what was there.
     assert counts["examples"] == len(expected)
-    assert counts.get("examples_already_published", 0) == len(set(before))
-    assert counts.get("examples_published", 0) == len(expected) - len(set(before))
+    assert counts.get("examples_already_published", 0) == len(before)
+    assert counts.get("examples_published", 0) == len(expected) - len(before)
+
+
+PAUSE_SECONDS = 4.0
+IDLE_SECONDS = 1.0
+
+
+def test_broker_pause_is_waited_out_and_nothing_is_lost(tmp_path: Path) -> None:
+    """SIGSTOP the broker mid-stream for longer than the job's idle limit,
+    then SIGCONT it: the job waits, reads the rest, and loses nothing.
+
+    The broker is this test's own (pausing the session's would stall the
+    others), and the stream is live: paced over the job's whole read, so the
+    pause lands while the job is reading and the producer is sending.
+    """
+    data = tmp_path / "gen"
+    generate_dataset(CONFIG, data)
+    events = read_input(data)[0]
+    expected = _expected_ids(events, data)
+    topics = ("events", "examples")
+    with EmbeddedKafka(log_path=tmp_path / "tansu.log") as broker:
+        settings = KafkaSettings(
+            bootstrap=broker.bootstrap,
+            session_timeout_ms=2000,
+            heartbeat_interval_ms=500,
+        )
+        ensure_topics(settings, {topics[0]: 2, topics[1]: SHARDS})
+        sent: list[PublishReport] = []
+        publisher = threading.Thread(
+            target=lambda: sent.append(
+                publish_events(events, settings, topics[0], rate=events.num_rows / 12)
+            )
+        )
+        with open(tmp_path / "job.log", "wb") as job_log:
+            job = subprocess.Popen(
+                _job(
+                    settings, data, tmp_path / "out", topics, idle_seconds=IDLE_SECONDS
+                ),
+                cwd=ROOT,
+                stdout=subprocess.DEVNULL,
+                stderr=job_log,
+            )
+        try:
+            publisher.start()
+            time.sleep(7.0)
+            os.kill(broker.pid, signal.SIGSTOP)
+            try:
+                time.sleep(PAUSE_SECONDS)
+            finally:
+                os.kill(broker.pid, signal.SIGCONT)
+            publisher.join(timeout=120)
+            returncode = job.wait(timeout=180)
+        finally:
+            if job.poll() is None:
+                job.kill()
+                job.wait()
+        log = (tmp_path / "job.log").read_text(errors="replace")
+        assert returncode == 0, log[-3000:]
+        assert sent, "the publisher did not finish"
+        assert sent[0].messages == events.num_rows
+        counts = json.loads((tmp_path / "out" / "stream_summary.json").read_text())[
+            "counts"
+        ]
+        after = _example_ids(settings, topics[1])
+    # The reader saw the outage (an idle check found the broker unresponsive)
+    # and did not take it for the end of the stream.
+    assert counts.get("broker_quiet_probes", 0) >= 1, counts
+    assert counts["events_read"] == events.num_rows, "an event was lost"
+    assert len(after) == len(set(after)), "an example was published twice"
+    assert set(after) == expected, "an example was lost"

@@ -59,6 +59,14 @@ NEVER: Final = sys.maxsize
 POLL_MS: Final = 100
 MAX_RECORDS: Final = 20_000
 CALL_SECONDS: Final = 2.0
+PROBE_TIMEOUT_MS: Final = 3_000
+PROBE_SLOW_SECONDS: Final = 1.5
+"""Bounded runs: a broker round trip slower than this (a fetch long-poll ahead
+of it on the connection takes up to 0.5 s) counts as the broker being quiet
+(see :meth:`ReadPartitionFn._idle_confirmed_now`) ..."""
+MAX_SLOW_PROBES: Final = 3
+"""... up to this many times in a row: a broker that is always that slow (an
+overloaded machine) must not keep a bounded run from ever finishing."""
 MIN_TIMESTAMP_MS: Final = -(2**62) // 1000
 
 
@@ -157,7 +165,7 @@ class ReadPartitionFn(beam.DoFn):  # type: ignore[misc]
         allowed_lateness_ms: how far behind the watermark an event may still
             be incorporated.
         idle_seconds: bounded runs: stop a partition after this long without
-            a message (None: read forever).
+            a message while the broker answered (None: read forever).
         now_ms: validation clock (None: the wall clock at each poll).
     """
 
@@ -178,12 +186,19 @@ class ReadPartitionFn(beam.DoFn):  # type: ignore[misc]
         self._idle_seconds = idle_seconds
         self._now = now_ms
         self._consumers: _Consumers | None = None
-        self._last_message: dict[tuple[str, int], float] = {}
+        # Bounded runs: seconds spent polling a partition since its last
+        # message. Only polling time counts: between two calls of a partition
+        # the runner runs the others (and the stages after), which says
+        # nothing about whether the topic is idle.
+        self._quiet_for: dict[tuple[str, int], float] = {}
+        self._idle_confirmed: set[tuple[str, int]] = set()
+        self._slow_probes: dict[tuple[str, int], int] = {}
         self.read = Metrics.counter(METRICS_NAMESPACE, "events_read")
         self.valid = Metrics.counter(METRICS_NAMESPACE, "events_valid")
         self.invalid = Metrics.counter(METRICS_NAMESPACE, "events_dead_lettered")
         self.late_allowed = Metrics.counter(METRICS_NAMESPACE, "events_late_allowed")
         self.too_late = Metrics.counter(METRICS_NAMESPACE, "events_too_late")
+        self.broker_quiet = Metrics.counter(METRICS_NAMESPACE, "broker_quiet_probes")
 
     def setup(self) -> None:
         """Consumers are opened lazily, one per partition."""
@@ -221,17 +236,55 @@ class ReadPartitionFn(beam.DoFn):  # type: ignore[misc]
             yield from outputs
             if not claimed_all:
                 return
-            now = time.monotonic()
-            idle_since = self._last_message.get(key, now)
-            if self._idle_seconds is not None and now - idle_since > self._idle_seconds:
+            quiet = self._quiet_for.get(key, 0.0)
+            if self._idle_seconds is not None and quiet > self._idle_seconds:
+                if not self._idle_confirmed_now(consumer, key):
+                    # Idle time counts only from a moment the broker answered.
+                    self._quiet_for[key] = 0.0
+                    continue
                 # Bounded run: the partition is finished. Claiming the last
                 # offset of the range completes it; the watermark then goes
                 # to the end of time and every timer downstream fires.
                 tracker.try_claim(NEVER - 1)
                 return
-            if now - started > CALL_SECONDS:
+            if time.monotonic() - started > CALL_SECONDS:
                 tracker.defer_remainder(Duration.of(0))
                 return
+
+    def _idle_confirmed_now(self, consumer: Any, key: tuple[str, int]) -> bool:
+        """Bounded runs: is the partition's idleness the topic's, not the broker's?
+
+        An empty poll looks the same whether the topic is quiet or the broker
+        is down (paused, restarting, unreachable). So a partition is finished
+        only after a full idle period that *began* with a broker round trip
+        (ListOffsets) coming back and ends with another: the first probe of
+        an idle partition only starts that period, counted from its answer.
+        A broker that does not answer (or answers late, as a paused one does
+        once resumed) restarts it, so producers that were blocked by the
+        outage get a full idle period to deliver what they buffered.
+        """
+        from kafka import TopicPartition
+        from kafka.errors import KafkaError
+
+        started = time.monotonic()
+        try:
+            consumer.end_offsets([TopicPartition(*key)], timeout_ms=PROBE_TIMEOUT_MS)
+        except KafkaError:
+            self.broker_quiet.inc()
+            self._idle_confirmed.discard(key)
+            return False
+        slow = time.monotonic() - started > PROBE_SLOW_SECONDS
+        if slow and self._slow_probes.get(key, 0) < MAX_SLOW_PROBES:
+            self._slow_probes[key] = self._slow_probes.get(key, 0) + 1
+            self.broker_quiet.inc()
+            self._idle_confirmed.discard(key)
+            return False
+        if not slow:
+            self._slow_probes.pop(key, None)
+        if key not in self._idle_confirmed:
+            self._idle_confirmed.add(key)
+            return False
+        return True
 
     def _poll(
         self,
@@ -248,13 +301,16 @@ class ReadPartitionFn(beam.DoFn):  # type: ignore[misc]
         from kafka import TopicPartition
 
         key = (element.topic, element.partition)
+        polled = time.monotonic()
         records = consumer.poll(timeout_ms=POLL_MS, max_records=MAX_RECORDS)
         messages = records.get(TopicPartition(*key), [])
-        now = time.monotonic()
-        self._last_message.setdefault(key, now)
         if not messages:
+            self._quiet_for[key] = (
+                self._quiet_for.get(key, 0.0) + time.monotonic() - polled
+            )
             return [], True
-        self._last_message[key] = now
+        self._quiet_for[key] = 0.0
+        self._idle_confirmed.discard(key)
         current = watermark.current_watermark()
         mark = None if current is None else current.micros // 1000
         if mark is not None and mark < MIN_TIMESTAMP_MS:
