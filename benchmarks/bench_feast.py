@@ -16,7 +16,8 @@ contract's schemas, straight from numpy (no feature job needed).
   Feast's stock local engine into the same store (Dask read, Feast's
   per-value converter). Peer: ``sqlite3.executemany`` of exactly the rows
   Feast wrote (read back from its table: same keys, same serialized values)
-  into a fresh table with the same DDL, one transaction.
+  into a fresh table with the same DDL (table and its ``entity_key`` index),
+  one transaction.
 - **Redis**: ``store.materialize`` on the repository's prod configuration
   (``feature_store.prod.yaml``: Redis, same engine; its SQL registry on a
   SQLite file here). Peer: a redis-py pipeline writing exactly the hashes
@@ -129,10 +130,16 @@ def sqlite_peer_seconds(store: FeatureStore, state: Path) -> tuple[float, int]:
     target = sqlite3.connect(target_path)
     for view in VIEWS:
         table = compute_table_id(store.project, store.get_feature_view(view))
-        (ddl,) = source.execute(
-            "SELECT sql FROM sqlite_master WHERE type = 'table' AND name = ?", (table,)
-        ).fetchone()
-        target.execute(ddl)
+        # The table and its index on entity_key, as Feast's store creates them
+        # (every index the store's writes maintain, the peer's maintain too).
+        ddl = source.execute(
+            "SELECT sql FROM sqlite_master WHERE tbl_name = ? AND sql IS NOT NULL "
+            "ORDER BY type = 'index'",
+            (table,),
+        ).fetchall()
+        assert len(ddl) == 2, ddl  # CREATE TABLE, CREATE INDEX ..._ek
+        for (statement,) in ddl:
+            target.execute(statement)
         columns = "entity_key, feature_name, value, value_text, event_ts, created_ts"
         data = source.execute(f'SELECT {columns} FROM "{table}"').fetchall()
         insert = f'INSERT INTO "{table}" ({columns}) VALUES (?, ?, ?, ?, ?, ?)'

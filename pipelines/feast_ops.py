@@ -49,10 +49,8 @@ from itertools import chain, cycle, repeat
 from pathlib import Path
 from typing import Any, Final, Literal
 
-import numpy as np
 import pandas as pd
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import yaml
 from feast import FeatureService, FeatureStore, FeatureView, RepoConfig
@@ -355,36 +353,6 @@ NO_TTL: Final = timedelta(weeks=52)
 """What Feast starts an incremental run from for a view without a ttl."""
 
 
-def latest_in_window(
-    path: Path,
-    entity: str,
-    start: datetime,
-    end: datetime,
-    *,
-    timestamp_field: str = EVENT_TIMESTAMP,
-) -> pa.Table:
-    """Per entity, the latest row of a feature table with ``start <= t <= end``."""
-    table = pq.read_table(path)
-    times = table.column(timestamp_field)
-    inside = pc.and_(
-        pc.greater_equal(times, pa.scalar(start, times.type)),
-        pc.less_equal(times, pa.scalar(end, times.type)),
-    )
-    if not pc.all(inside).as_py():
-        table = table.filter(inside)
-    keys = table.column(entity).to_numpy()
-    ms = table.column(timestamp_field).cast(pa.int64()).to_numpy()
-    # The feature job writes rows sorted by (entity, time); sort only if not.
-    ordered = bool(
-        np.all((keys[1:] > keys[:-1]) | ((keys[1:] == keys[:-1]) & (ms[1:] >= ms[:-1])))
-    )
-    if not ordered:
-        order = np.lexsort((ms, keys))
-        table, keys = table.take(pa.array(order)), keys[order]
-    last = np.append(keys[1:] != keys[:-1], True) if keys.size else keys.astype(bool)
-    return table if last.all() else table.filter(pa.array(last))
-
-
 # --- historical retrieval ----------------------------------------------------
 
 
@@ -604,10 +572,19 @@ class GuardedSqliteOnlineStore(SqliteOnlineStore):
             progress(len(data))
 
     def write_encoded(
-        self, config: RepoConfig, table: FeatureView, rows: EncodedRows
+        self,
+        config: RepoConfig,
+        table: FeatureView,
+        rows: EncodedRows,
+        *,
+        commit: bool = True,
     ) -> int:
         """Write serialized rows (``feast_encode.encode_batch`` with texts) that
         are newer than the stored values, as Feast's writer would; rows written.
+
+        ``commit=False`` leaves the transaction open for the next batch
+        (:meth:`end_writes` ends it), so a materialization syncs the file once
+        per many batches instead of once per batch.
         """
         keys = rows.entity_keys.to_pylist()
         times = rows.event_us.astype("datetime64[us]").tolist()
@@ -618,7 +595,13 @@ class GuardedSqliteOnlineStore(SqliteOnlineStore):
         )
         fresh = self._fresh(config, table, keys, times)
         if not fresh:
+            if commit:
+                self.end_writes(config)
             return 0
+        # Written in entity key order: both of the table's indexes lead with
+        # the key, and ordered inserts walk their pages once instead of
+        # jumping between them (about a fifth less time in SQLite).
+        fresh.sort(key=keys.__getitem__)
         # Feast passes datetimes and sqlite3 adapts each (Feast registers an
         # adapter to epoch seconds); adapt once per row instead of per feature.
         adapt = sqlite3.adapters.get((datetime, sqlite3.PrepareProtocol), _same)
@@ -627,13 +610,11 @@ class GuardedSqliteOnlineStore(SqliteOnlineStore):
         fresh_keys = [keys[i] for i in fresh]
         names = list(rows.values)
         values, texts = [], []
+        order = pa.array(fresh)
         for name in names:
-            column = rows.values[name]
-            if len(fresh) < len(keys):
-                column = column.take(pa.array(fresh))
-            values.append(column.to_pylist())
+            values.append(rows.values[name].take(order).to_pylist())
             text = rows.texts[name]
-            texts.append(text if len(fresh) == len(keys) else [text[i] for i in fresh])
+            texts.append([text[i] for i in fresh])
 
         # (key, feature, value, text, event_ts, created_ts) per entity and
         # feature, entity-major, built by C iterators (no Python per row).
@@ -648,11 +629,24 @@ class GuardedSqliteOnlineStore(SqliteOnlineStore):
             each_feature(stamps),
             each_feature(made),
         )
-        self._upsert(config, table, params)
+        self._upsert(config, table, params, commit=commit)
         return len(fresh)
 
+    def end_writes(self, config: RepoConfig, *, commit: bool = True) -> None:
+        """Commit (or roll back) what ``write_encoded(commit=False)`` left open."""
+        conn = self._get_conn(config)
+        if commit:
+            conn.commit()
+        else:
+            conn.rollback()
+
     def _upsert(
-        self, config: RepoConfig, table: FeatureView, params: Iterable[tuple[Any, ...]]
+        self,
+        config: RepoConfig,
+        table: FeatureView,
+        params: Iterable[tuple[Any, ...]],
+        *,
+        commit: bool = True,
     ) -> None:
         # Feast's writer runs one INSERT per (entity, feature); one
         # executemany of the same statement and values is several times faster.
@@ -667,6 +661,9 @@ class GuardedSqliteOnlineStore(SqliteOnlineStore):
             "event_ts = excluded.event_ts, created_ts = excluded.created_ts"
         )
         conn = self._get_conn(config)
+        if not commit:
+            conn.executemany(upsert, params)  # sqlite3 opens the transaction
+            return
         with conn:
             conn.executemany(upsert, params)
 

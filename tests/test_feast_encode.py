@@ -189,3 +189,25 @@ def test_resp_bulk_strings() -> None:
     assert bytes(data[offsets[0] : offsets[-1]]) == (
         b"$4\r\nab\r\n\r\n$300\r\n" + b"x" * 300 + b"\r\n"
     )
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        RNG.integers(0, 100, 500),  # one byte each
+        RNG.integers(0, 2**28, 500),  # up to 4 bytes: uint32 words
+        RNG.integers(2**21, 2**28, 500),  # all exactly 4 bytes: strided copy
+        1_790_000_000_000 + RNG.integers(0, 86_400_000, 500),  # all 6 (epoch ms)
+        RNG.integers(0, 2**56, 500),  # up to 8 bytes: uint64 words
+        RNG.integers(-(2**62), 2**62, 500),  # negatives: 10 bytes
+    ],
+    ids=["1", "le4", "eq4", "eq6", "le8", "neg"],
+)
+def test_varints_are_protobufs(values: np.ndarray) -> None:
+    from google.protobuf.internal.encoder import _VarintBytes
+
+    unsigned = feast_encode.as_uint64(values.astype(np.int64))
+    data, ends = feast_encode.encode_varints(unsigned)
+    expected = [_VarintBytes(int(v)) for v in unsigned]
+    assert data.tobytes() == b"".join(expected)
+    assert ends.tolist() == np.cumsum([len(e) for e in expected]).tolist()

@@ -16,9 +16,12 @@ import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import pyarrow as pa
 import pytest
 from feast import FeatureStore, RepoConfig
+from feast.value_type import ValueType
 
 from features.feature_tables import FEATURE_TABLES
 from pipelines import feast_ops
@@ -266,5 +269,80 @@ def test_prod_configuration_end_to_end(
         )
         assert store.config.registry.registry_type == "sql"
         assert_online_is_latest(store, job)
+    finally:
+        store.teardown()
+
+
+def profile_rows(users: list[int], ms: int, value: int) -> pa.RecordBatch:
+    """``user_profile`` rows for ``users`` at epoch ``ms``, every id ``value``."""
+    names = FEATURE_TABLES["user_profile"].feature_names
+    return pa.RecordBatch.from_pydict(
+        {
+            "user_id": pa.array(users, pa.int64()),
+            "event_timestamp": pa.array([ms] * len(users), pa.timestamp("ms", "UTC")),
+            **{n: pa.array([value] * len(users), pa.int64()) for n in names},
+        }
+    )
+
+
+@needs_redis
+def test_redis_writes_stay_atomic_when_a_concurrent_write_lands(
+    tmp_path: Path, job: FeatureJob, project: str
+) -> None:
+    """Our Redis writer checks event times, then writes in MULTI/EXEC with the
+    keys WATCHed. A write landing between the check and the EXEC (a push)
+    aborts the transaction; the chunk is then checked and written again in
+    one script, so the newer pushed row survives and the rest are written."""
+    from pipelines import feast_encode, feast_engine
+
+    store = redis_store(tmp_path, project)
+    try:
+        feast_ops.apply(store, job.directory)
+        view = store.get_feature_view("user_profile")
+        online = store._get_provider().online_store
+        users = list(range(10**9, 10**9 + 10))
+
+        def commands(users: list[int], ms: int, value: int) -> Any:
+            rows = feast_encode.encode_batch(
+                profile_rows(users, ms, value),
+                {f.name: f.dtype.to_value_type() for f in view.features},
+                {"user_id": ValueType.INT64},
+                "event_timestamp",
+            )
+            return feast_engine.redis_commands(store.config, view, rows)
+
+        base = 1_790_000_000_000
+        first = feast_engine.RedisWriter(online, store.config)
+        first.write(commands(users, base, 1))
+        assert first.finish() == len(users)
+
+        class Interrupted(feast_engine.RedisWriter):
+            """Another client writes a newer row for one of the keys right
+            after the check, before the transaction goes out."""
+
+            pushed = False
+
+            def _read_check(self, *args: Any) -> Any:
+                fresh = super()._read_check(*args)
+                if not self.pushed:
+                    self.pushed = True
+                    push = feast_engine.RedisWriter(online, store.config)
+                    push.write(commands([users[3]], base + 2000, 3))
+                    assert push.finish() == 1
+                return fresh
+
+        writer = Interrupted(online, store.config)
+        writer.write(commands(users, base + 1000, 2))
+        assert writer.finish() == len(users) - 1
+        assert writer.retried == 1
+        got = store.get_online_features(
+            features=["user_profile:user_gender"],
+            entity_rows=[{"user_id": u} for u in users],
+        ).to_dict()["user_gender"]
+        assert got == [3 if u == users[3] else 2 for u in users]
+        # An older window changes nothing.
+        older = feast_engine.RedisWriter(online, store.config)
+        older.write(commands(users, base, 9))
+        assert older.finish() == 0
     finally:
         store.teardown()
