@@ -42,6 +42,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from benchmarks.bench_model_speed import (
+    add_padded_ratios,
     make_data,
     padded_local_attention,
     skewed_lengths,
@@ -198,12 +199,7 @@ def jagged_vs_padded(device: torch.device, repeats: int = 5) -> dict[str, Any]:
             "peak_memory_mib": (torch.cuda.max_memory_allocated() - base) / 2**20,
         }
         print(f"  {variant:15s} {out[variant]}", flush=True)
-    for level in ("op", "pyramid"):
-        j, p = out[f"{level}_jagged"], out[f"{level}_padded"]
-        out[f"{level}_time_ratio"] = p["ms"] / j["ms"]
-        out[f"{level}_memory_ratio"] = p["peak_memory_mib"] / max(
-            j["peak_memory_mib"], 1e-9
-        )
+    add_padded_ratios(out, "ms", "peak_memory_mib")
     return out
 
 

@@ -292,13 +292,16 @@ def jagged_vs_padded(repeats: int) -> dict[str, Any]:
         )
         res[name] = json.loads(done.stdout.strip().splitlines()[-1])
         print(f"  {name:15s} {res[name]}", flush=True)
+    add_padded_ratios(res, "seconds", "peak_rss_rise_mib")
+    return res
+
+
+def add_padded_ratios(res: dict[str, Any], time_key: str, memory_key: str) -> None:
+    """``{op,pyramid}_{time,memory}_ratio`` = padded / jagged, added to ``res``."""
     for level in ("op", "pyramid"):
         j, p = res[f"{level}_jagged"], res[f"{level}_padded"]
-        res[f"{level}_time_ratio"] = p["seconds"] / j["seconds"]
-        res[f"{level}_memory_ratio"] = p["peak_rss_rise_mib"] / max(
-            j["peak_rss_rise_mib"], 1e-9
-        )
-    return res
+        res[f"{level}_time_ratio"] = p[time_key] / j[time_key]
+        res[f"{level}_memory_ratio"] = p[memory_key] / max(j[memory_key], 1e-9)
 
 
 def main(argv: list[str] | None = None) -> int:

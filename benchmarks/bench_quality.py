@@ -349,6 +349,7 @@ def fit_args(args: argparse.Namespace) -> dict[str, Any]:
         "device": args.device,
         "precision": args.precision,
         "max_train_seconds": args.max_train_seconds,
+        "recalibrate": args.recalibrate,
     }
 
 
@@ -573,6 +574,12 @@ def main(argv: list[str] | None = None) -> int:
         type=float,
         default=None,
         help="per model run: start no new epoch after this (a safety net)",
+    )
+    p.add_argument(
+        "--recalibrate",
+        action="store_true",
+        help="shift each model's output biases to calibrate it on the whole "
+        "validation period after selection (trainer.fit --recalibrate)",
     )
     p.add_argument(
         "--prepare-only",

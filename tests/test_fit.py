@@ -137,6 +137,52 @@ def test_time_limit_stops_before_the_next_epoch(
     assert report["config"]["device"] == "cpu"
 
 
+def test_recalibration_calibrates_the_validation_period_and_keeps_rankings(
+    tmp_path: Path,
+) -> None:
+    """Validated on the eval dir itself: every task's calibration becomes 1,
+    while AUC (a ranking within the task) does not move. A bigger world than
+    ``split``'s, so that tasks have the positives a shift needs."""
+    generate_dataset(
+        GeneratorConfig(users=3000, ads=200, days=3, seed=3), tmp_path / "g"
+    )
+    assert (
+        reference.main(
+            ["--input", str(tmp_path / "g"), "--output", str(tmp_path / "f")]
+        )
+        == 0
+    )
+    cut = cut_at_fraction(tmp_path / "f", 0.7)
+    train, evals = tmp_path / "train", tmp_path / "eval"
+    time_forward_split(tmp_path / "f", cut, train, evals)
+    common = (
+        *("--model", "dlrm", "--epochs", "1", "--max-steps-per-epoch", "3"),
+        *("--lr", "2e-2", "--validation", str(evals)),
+    )
+    plain = _run(train, evals, tmp_path / "p.json", *common)
+    recalibrated = _run(train, evals, tmp_path / "r.json", *common, "--recalibrate")
+    shifts = recalibrated["train"]["recalibration_shifts"]
+    assert any(abs(v) > 1e-3 for v in shifts.values())
+    checked = 0
+    for task, metrics in recalibrated["by_task"].items():
+        before = plain["by_task"][task]
+        assert metrics["auc"] == pytest.approx(before["auc"], abs=1e-6, nan_ok=True)
+        if min(metrics["positives"], metrics["count"] - metrics["positives"]) >= 5:
+            assert metrics["calibration"] == pytest.approx(1.0, abs=1e-3), task
+            checked += 1
+        else:
+            assert shifts[task] == 0.0
+    assert checked >= 3
+
+
+def test_recalibration_without_validation_is_refused(
+    split: tuple[Path, Path, int], tmp_path: Path
+) -> None:
+    train, evals, _ = split
+    with pytest.raises(ValueError, match="needs --validation"):
+        _run(train, evals, tmp_path / "x.json", "--model", "dlrm", "--recalibrate")
+
+
 @pytest.mark.skipif(
     fit_module.torch.cuda.is_available(), reason="checks the no-GPU message"
 )

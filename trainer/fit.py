@@ -6,7 +6,8 @@ Usage::
         [--preset tiny|default|large] [--epochs N] [--batch-size B] \\
         [--max-seq-len N] [--lr LR] [--optimizer adam|adam+adagrad] \\
         [--validation DIR] [--seed S] [--device auto|cpu|cuda]
-        [--precision fp32|bf16] [--max-train-seconds S] --metrics-out FILE.json
+        [--precision fp32|bf16] [--max-train-seconds S] [--recalibrate]
+        --metrics-out FILE.json
 
 ``DIR`` is a feature-job ``--output`` dir (examples + timelines, see
 :mod:`trainer.data`). Metrics (:mod:`features.metrics`): NE normalized by the
@@ -42,6 +43,12 @@ forward under bf16 autocast (GPU only); the default ``fp32`` keeps the
 logits exact, which the NE/calibration comparisons between models want
 (TF32 matmuls are allowed on the GPU either way).
 
+``--recalibrate`` (with ``--validation``): after the best epoch is restored,
+each (domain, objective) output bias is shifted so that the *whole*
+validation period's predicted positives equal its observed ones
+(:mod:`trainer.calibration`); rankings are unchanged, the shifts are in the
+report.
+
 ``--max-train-seconds``: a wall-clock safety net for shared or leased
 machines: no new epoch starts once the limit has passed (the report says
 how many epochs ran); the epoch budget, not the clock, is the comparison
@@ -72,6 +79,7 @@ from torch import nn
 
 from features.metrics import binary_metrics
 from features.vocab import DOMAINS, TRAINING_OBJECTIVES
+from trainer.calibration import calibration_shifts
 from trainer.config import ModelConfig
 from trainer.config import preset as preset_config
 from trainer.data import ExampleDataset
@@ -105,6 +113,7 @@ class FitConfig:
     device: str = "auto"  # auto: cuda if available, else cpu
     precision: str = "fp32"  # fp32 | bf16 (autocast, GPU only)
     max_train_seconds: float | None = None  # no new epoch after this
+    recalibrate: bool = False  # shift output biases to calibrate on validation
 
 
 def resolve_device(name: str) -> torch.device:
@@ -377,6 +386,11 @@ def fit(
     if best is not None:
         best_epoch = best[1]
         model.load_state_dict(best[2])
+    shifts = None
+    if cfg.recalibrate:
+        if validation is None:
+            raise ValueError("--recalibrate needs --validation")
+        shifts = recalibrate(model, validation, autocast)
     with autocast:
         metrics = evaluate_dataset(model, evals, predictions_out=predictions_out)
     return _clean(
@@ -400,6 +414,7 @@ def fit(
                 "epoch_train_click_ne": train_ne,
                 "epoch_validation_click_ne": validation_ne,
                 "selected_epoch": best_epoch,
+                "recalibration_shifts": shifts,
                 "validation_examples": (
                     0
                     if validation is None
@@ -412,6 +427,31 @@ def fit(
             **metrics,
         }
     )
+
+
+def recalibrate(
+    model: GEMTrain, validation: ExampleDataset, autocast: torch.autocast
+) -> dict[str, float]:
+    """Shift the model's output biases to calibrate it on all of ``validation``.
+
+    Returns the shifts by ``"domain/objective"`` (logits).
+    """
+    offsets = model.model
+    if not isinstance(offsets, BaseRateOffset):
+        raise TypeError("recalibration needs the BaseRateOffset wrapper")
+    seen: dict[str, np.ndarray] = {}
+    with autocast:
+        evaluate_dataset(model, validation, predictions_out=seen)
+    shifts = calibration_shifts(seen["probs"], seen["labels"], seen["domain"])
+    with torch.no_grad():
+        offsets.offset += torch.as_tensor(
+            shifts, dtype=offsets.offset.dtype, device=offsets.offset.device
+        )
+    return {
+        f"{d}/{o}": float(shifts[i, j])
+        for i, d in enumerate(DOMAINS)
+        for j, o in enumerate(TRAINING_OBJECTIVES)
+    }
 
 
 def _click_ne(metrics: dict[str, Any]) -> float | None:
@@ -490,6 +530,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         type=float,
         default=None,
         help="start no new epoch after this many seconds (a safety net)",
+    )
+    p.add_argument(
+        "--recalibrate",
+        action="store_true",
+        help="after training, shift each task's output bias so the whole "
+        "validation period is calibrated (needs --validation)",
     )
     p.add_argument("--metrics-out", type=Path, required=True)
     args = vars(p.parse_args(argv))
