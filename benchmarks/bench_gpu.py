@@ -259,7 +259,6 @@ def main(argv: list[str] | None = None) -> int:
                 result["throughput"][f"{preset_name}/B{batch_size}/input_path/gem"] = r
                 print(f"  {preset_name}/B{batch_size} gem input path {r}", flush=True)
                 if preset_name == "default" and not args.skip_cpu_peer:
-                    torch.set_num_threads(torch.get_num_threads())
                     for name in ("gem", "dlrm"):
                         r = model_throughput(
                             batches[:2], name, preset_name, "fp32",
