@@ -146,8 +146,8 @@ def run_models(
     if extra_target_match_ablation:
         off = dataclasses.replace(cfg.embedding, target_match=False)
         runs.append((NO_TARGET_MATCH, "gem", dataclasses.replace(cfg, embedding=off)))
-    lr_values = lrs or (fit_args.pop("lr"),)
-    fit_args.pop("lr", None)
+    default_lr = fit_args.pop("lr")
+    lr_values = lrs or (default_lr,)
     reports: dict[str, Any] = {}
     if combine:
         assert save is not None, "--combine needs --save"
