@@ -59,6 +59,8 @@ else:
     import shutil
     from pathlib import Path
     from pipelines import reference
+    from pipelines.beam.memory import reuse_freed_memory
+    reuse_freed_memory()  # as reference.main() does
     for part in reference.OUTPUT_PARTS:
         path = Path(out) / part
         shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)

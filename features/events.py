@@ -317,11 +317,10 @@ def validate_event_table(
                     f"field '{s.name}' has unknown value {v[i].as_py()!r}"
                 ),
             )
-        if spec.kind.value == "string":
-            flag(
-                pc.equal(pc.utf8_length(values), 0),
-                f"field '{spec.name}' must not be empty",
-            )
+        # An empty value outside a vocabulary without "" was flagged as
+        # unknown just above: the rule can only match without a vocabulary.
+        if spec.kind.value == "string" and (spec.allowed is None or "" in spec.allowed):
+            flag(pc.equal(values, ""), f"field '{spec.name}' must not be empty")
         if spec.min_value is not None or spec.max_value is not None:
             numeric = (
                 pc.cast(values, pa.int64())
@@ -349,7 +348,8 @@ def validate_event_table(
     _flag_cross_field(table, flag)
 
     bad_rows = ~unflagged
-    valid = table.filter(pa.array(~bad_rows))
+    # Usually every row is valid: no copy of the table then.
+    valid = table if unflagged.all() else table.filter(pa.array(unflagged))
     rejected = table.filter(pa.array(bad_rows)).append_column(
         "reason", pa.array(reasons[bad_rows].tolist(), pa.string())
     )
@@ -373,10 +373,13 @@ def _flag_cross_field(table: pa.Table, flag: Any) -> None:
     """The vectorized form of :func:`_cross_field_reason`, rule for rule."""
     col = table.column
     domain, surface, action = col("domain"), col("surface"), col("action")
-    pair = pc.binary_join_element_wise(domain, surface, "\x00")
-    allowed_pairs = pa.array([f"{d}\x00{s}" for d, s in sorted(_SURFACE_PAIRS)])
+    # (domain, surface) pairs by vocabulary index: a lookup in a small table
+    # instead of joining two strings per row; a value outside the pairs'
+    # vocabulary (or null) indexes the last row / column, never allowed.
+    domain_index = _index_or_last(domain, _PAIR_DOMAINS)
+    surface_index = _index_or_last(surface, _PAIR_SURFACES)
     flag(
-        pc.invert(pc.is_in(pair, value_set=allowed_pairs)),
+        pa.array(~_PAIR_ALLOWED[domain_index, surface_index]),
         lambda i: (
             f"surface {surface[i].as_py()!r} does not belong to domain "
             f"{domain[i].as_py()!r}"
@@ -414,6 +417,29 @@ def _flag_cross_field(table: pa.Table, flag: Any) -> None:
         pc.and_(has, pc.invert(needs)),
         lambda i: f"{action[i].as_py()!r} must not carry 'impression_id'",
     )
+
+
+_PAIR_DOMAINS: Final = tuple(sorted({d for d, _ in _SURFACE_PAIRS}))
+_PAIR_SURFACES: Final = tuple(sorted({s for _, s in _SURFACE_PAIRS}))
+
+
+def _pair_table() -> Any:
+    """``allowed[domain index, surface index]``, with a last row and column
+    (values outside the vocabulary) that allow nothing."""
+    allowed = np.zeros((len(_PAIR_DOMAINS) + 1, len(_PAIR_SURFACES) + 1), bool)
+    for domain, surface in _SURFACE_PAIRS:
+        allowed[_PAIR_DOMAINS.index(domain), _PAIR_SURFACES.index(surface)] = True
+    return allowed
+
+
+_PAIR_ALLOWED: Final = _pair_table()
+
+
+def _index_or_last(values: pa.ChunkedArray, vocabulary: tuple[str, ...]) -> Any:
+    """Index of each value in ``vocabulary``; ``len(vocabulary)`` when absent."""
+    index = pc.index_in(values, value_set=pa.array(vocabulary, pa.string()))
+    filled = pc.fill_null(index, len(vocabulary))
+    return np.asarray(filled.to_numpy(zero_copy_only=False), dtype=np.int64)
 
 
 def _schema_diff(actual: pa.Schema, expected: pa.Schema) -> str:

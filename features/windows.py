@@ -93,9 +93,17 @@ class _FlatTimelines:
     columns: dict[str, pa.Array]  # name -> flat values of the list column
 
 
+def _one_array(column: pa.ChunkedArray | pa.Array) -> pa.Array:
+    """A column as one array: its only chunk as it is (``combine_chunks``
+    copies even a single chunk), else the chunks concatenated."""
+    if not isinstance(column, pa.ChunkedArray):
+        return column
+    return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+
+
 def _int64(column: pa.ChunkedArray | pa.Array) -> Int64Array:
     """An int64 (or timestamp) column as a numpy int64 array."""
-    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    array = _one_array(column)
     if pa.types.is_timestamp(array.type):
         array = array.cast(pa.int64())
     return np.asarray(array.to_numpy(zero_copy_only=False), dtype=np.int64)
@@ -116,7 +124,7 @@ def _flatten(timelines: pa.Table) -> _FlatTimelines:
     row_length: Int64Array | None = None
     columns: dict[str, pa.Array] = {}
     for name in names:
-        lists = timelines.column(name).combine_chunks()
+        lists = _one_array(timelines.column(name))
         offsets = np.asarray(lists.offsets.to_numpy(), dtype=np.int64)
         # Each column has its own offsets buffer; rows must agree in length.
         length = np.diff(offsets)
@@ -186,9 +194,10 @@ def _range_positions(
     offsets = np.zeros(users.size + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
     # Element k of range i -> flat index row_start[i] + local[i] + k, for all
-    # (i, k) at once: repeat each range's start, add the position within it.
-    within = np.arange(offsets[-1], dtype=np.int64) - np.repeat(offsets[:-1], lengths)
-    positions = np.repeat(row_start + local, lengths) + within
+    # (i, k) at once: output position offsets[i] + k, shifted by range i's
+    # start minus offsets[i] (one repeat, added in place to a running index).
+    positions = np.repeat(row_start + local - offsets[:-1], lengths)
+    positions += np.arange(offsets[-1], dtype=np.int64)
     return positions, offsets
 
 

@@ -15,7 +15,7 @@ The stages (``pipelines/beam/``), each a composite transform named for what
 it produces; batches cross every shuffle as Arrow IPC, keyed by user shard::
 
     ReadEvents -> ValidateEvents -> DedupeEvents -> BuildTimelines -> WriteTimelines
-                       |               |      |          +-> BuildUserSequences
+                       |               |      |          +-> WriteUserSequences
                    dead letters        |      +-> CountEngagement -> BuildExamples
                                        |                              |
                    ReadDimensions  feature tables        WriteExamples, PublishExamples
@@ -42,8 +42,9 @@ from features.feature_tables import COUNT_NAMES, FEATURE_TABLES, LAYOUT_VERSION
 from pipelines.beam import io
 from pipelines.beam.counters import EXAMPLE_COUNTERS, FEATURE_ROWS, CountEngagement
 from pipelines.beam.examples import BuildExamples, BuildProfiles
+from pipelines.beam.memory import reuse_freed_memory
 from pipelines.beam.options import GemBuildOptions, kafka_settings
-from pipelines.beam.timelines import BuildTimelines, BuildUserSequences, DedupeEvents
+from pipelines.beam.timelines import BuildTimelines, DedupeEvents, WriteUserSequences
 from pipelines.beam.validate import METRICS_NAMESPACE, ValidateEvents
 
 OUTPUT_DIRS = ("examples", "timelines", "feature_tables", "dead_letters")
@@ -80,6 +81,9 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
     # validation_now_ms, else the wall clock), so both see the same events.
     now = _validation_clock(options.input, options.now_ms)
     shards = options.shards
+    # Here too: a runner may run the workers in this process (FnApiRunner's
+    # embedded worker does); workers elsewhere apply it in DoFn.setup.
+    reuse_freed_memory()
     started = time.monotonic()
 
     pipeline = beam.Pipeline(options=pipeline_options)
@@ -118,10 +122,7 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
     _ = (profiles, counters[FEATURE_ROWS]) | "WriteFeatureTables" >> (
         io.WriteFeatureTables(output, names=PIECEWISE_TABLES)
     )
-    sequences = timelines | "BuildUserSequences" >> BuildUserSequences()
-    _ = sequences | "WriteUserSequences" >> io.WriteFeatureTable(
-        output, "user_sequence"
-    )
+    _ = timelines | "WriteUserSequences" >> WriteUserSequences(output)
 
     if options.examples_topic:
         from features.kafka import ensure_topics

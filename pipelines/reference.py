@@ -79,11 +79,15 @@ from features.registry import (
 )
 from features.windows import TIMELINE_SEQUENCE_COLUMNS, window_positions
 from pipelines.beam.kernels import (
+    PLAIN_COLUMNS,
+    BackgroundWrites,
     WindowCounter,
     distinct_sorted,
     first_of_each,
+    parquet_options,
     timeline_order,
 )
+from pipelines.beam.memory import reuse_freed_memory
 
 I64 = npt.NDArray[np.int64]
 
@@ -563,20 +567,17 @@ def _dead_letter_lines(dead_letters: pa.Table) -> str:
 
 def write_output(output: ReferenceOutput, out: Path, *, now_ms: int) -> None:
     """Write the reference's outputs in the layout of
-    :data:`features.feature_tables.OUTPUT_LAYOUT` (one part-0 per folder)."""
-    examples = output.examples
-    days = _ints(examples.column("event_time")) // DAY_MS
-    for day in distinct_sorted(days):
-        date = str(np.datetime64(int(day), "D"))
-        part = out / "examples" / f"date={date}" / "part-0.parquet"
-        part.parent.mkdir(parents=True, exist_ok=True)
-        pq.write_table(examples.filter(pa.array(days == day)), part)
-    (out / "examples").mkdir(parents=True, exist_ok=True)
-    (out / "timelines").mkdir(parents=True, exist_ok=True)
-    pq.write_table(output.timelines, out / "timelines" / "part-0.parquet")
-    (out / "feature_tables").mkdir(parents=True, exist_ok=True)
-    for name, table in output.feature_tables.items():
-        pq.write_table(table, out / "feature_tables" / f"{name}.parquet")
+    :data:`features.feature_tables.OUTPUT_LAYOUT` (one part-0 per folder).
+
+    Parquet files with the Beam job's settings (:func:`parquet_options`), on
+    a writer thread (as the Beam job's writers do) while the next is prepared.
+    """
+    writes = BackgroundWrites()
+    try:
+        _write_files(output, out, writes)
+        writes.wait()
+    finally:
+        writes.close()
     (out / "dead_letters").mkdir(parents=True, exist_ok=True)
     (out / "dead_letters" / "part-0.jsonl").write_text(
         _dead_letter_lines(output.dead_letters), encoding="utf-8"
@@ -587,6 +588,29 @@ def write_output(output: ReferenceOutput, out: Path, *, now_ms: int) -> None:
         "counts": output.counts,
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+
+
+def _write_parquet(table: pa.Table, path: Path, plain: Sequence[str] = ()) -> None:
+    pq.write_table(table, path, **parquet_options(table.schema, plain))
+
+
+def _write_files(output: ReferenceOutput, out: Path, writes: BackgroundWrites) -> None:
+    examples = output.examples
+    days = _ints(examples.column("event_time")) // DAY_MS
+    for day in distinct_sorted(days):
+        date = str(np.datetime64(int(day), "D"))
+        part = out / "examples" / f"date={date}" / "part-0.parquet"
+        part.parent.mkdir(parents=True, exist_ok=True)
+        rows = examples.filter(pa.array(days == day))
+        writes.submit(_write_parquet, rows, part, PLAIN_COLUMNS["examples"])
+    (out / "examples").mkdir(parents=True, exist_ok=True)
+    (out / "timelines").mkdir(parents=True, exist_ok=True)
+    part = out / "timelines" / "part-0.parquet"
+    writes.submit(_write_parquet, output.timelines, part, PLAIN_COLUMNS["timelines"])
+    (out / "feature_tables").mkdir(parents=True, exist_ok=True)
+    for name, table in output.feature_tables.items():
+        path = out / "feature_tables" / f"{name}.parquet"
+        writes.submit(_write_parquet, table, path, PLAIN_COLUMNS.get(name, ()))
 
 
 def read_input(source: Path) -> tuple[pa.Table, pa.Table, pa.Table, pa.Table]:
@@ -634,6 +658,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         path = out / part
         shutil.rmtree(path) if path.is_dir() else path.unlink()
     started = time.perf_counter()
+    # The Beam job's allocator settings (it applies them too): a fair peer.
+    reuse_freed_memory()
     now_ms = validation_clock(args.input, args.now_ms)
     output = build_reference(*read_input(args.input), now_ms=now_ms)
     write_output(output, out, now_ms=now_ms)

@@ -22,6 +22,8 @@ from features.dimensions import AD_SCHEMA, CONTENT_SCHEMA, USER_SCHEMA
 from features.events import encode_event_table, events_from_records
 from pipelines.beam.arrow import (
     ArrowTableCoder,
+    AsOfIndex,
+    asof_index,
     asof_rows,
     count_in_windows,
     ipc_to_table,
@@ -29,8 +31,25 @@ from pipelines.beam.arrow import (
 )
 from pipelines.beam.counters import EXAMPLE_COUNTERS, FEATURE_ROWS, CountEngagement
 from pipelines.beam.examples import BuildExamples
-from pipelines.beam.kernels import WindowCounter, first_of_each, timeline_order
-from pipelines.beam.timelines import BuildTimelines, DedupeEvents
+from pipelines.beam.kernels import (
+    BackgroundWrites,
+    WindowCounter,
+    first_of_each,
+    int_order,
+    parquet_options,
+    timeline_order,
+    write_parquet_bytes,
+)
+from pipelines.beam.memory import reuse_freed_memory
+from pipelines.beam.parallel import PooledDoFn
+from pipelines.beam.timelines import (
+    BuildTimelines,
+    DedupeEvents,
+    build_timelines,
+    dedupe_events,
+    user_sequence_parts,
+    user_sequences,
+)
 from pipelines.beam.validate import RawEvents, ValidateEvents, ValidateEventsFn
 
 T0 = 1_790_000_000_000  # 2026-09-21
@@ -341,6 +360,167 @@ def test_timeline_order_and_first_of_each(
     )
 
 
+@settings(max_examples=80, deadline=None)
+@given(
+    rows=st.lists(st.tuples(st.integers(-2, 6), st.integers(0, 5)), max_size=12),
+    queries=st.lists(st.tuples(st.integers(-3, 8), st.integers(-1, 7)), max_size=12),
+    scale=st.sampled_from([1, 10**15]),
+    time_scale=st.sampled_from([1, 2**60]),
+)
+def test_asof_index_finds_the_latest_version_like_brute_force(
+    rows: list[tuple[int, int]],
+    queries: list[tuple[int, int]],
+    scale: int,
+    time_scale: int,
+) -> None:
+    # Large ids take the binary-search path instead of the dense table, and
+    # times spread over 2**62 the time-rank keys instead of int64 composites.
+    dim_ids, dim_times = _columns(rows, 2)
+    query_ids, query_times = _columns(queries, 2)
+    dim_ids, query_ids = dim_ids * scale, query_ids * scale
+    dim_times, query_times = dim_times * time_scale, query_times * time_scale
+    got = AsOfIndex(dim_ids, dim_times).rows(query_ids, query_times)
+    expected = []
+    for qid, qt in zip(query_ids.tolist(), query_times.tolist(), strict=True):
+        best = -1
+        for r, (did, dt_) in enumerate(rows_of(dim_ids, dim_times)):
+            # The latest time <= qt; of equal times the later row.
+            if did == qid and dt_ <= qt and (best < 0 or dt_ >= dim_times[best]):
+                best = r
+        expected.append(best)
+    assert got.tolist() == expected
+
+
+def rows_of(*columns: np.ndarray) -> list[tuple[int, ...]]:
+    """Rows of equal-length int columns, as tuples."""
+    return list(zip(*(c.tolist() for c in columns), strict=True))
+
+
+def test_asof_index_is_built_once_per_table() -> None:
+    first = asof_index(ADS, "ad_id", "updated_at")
+    assert asof_index(ADS, "ad_id", "updated_at") is first
+    assert asof_index(ADS.slice(0), "ad_id", "updated_at") is not first
+    assert asof_index(CONTENTS, "content_id", None).rows(
+        np.array([4, 5]), np.array([0, 0])
+    ).tolist() == [0, -1]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    rows=st.lists(st.tuples(st.integers(-3, 3), st.integers(0, 4)), max_size=30),
+    wide=st.booleans(),
+)
+def test_int_order_is_a_stable_lexicographic_sort(
+    rows: list[tuple[int, int]], wide: bool
+) -> None:
+    major, minor = _columns(rows, 2)
+    if wide:  # ranges whose product overflows int64: the lexsort path
+        minor = minor * 2**61
+    order = int_order([major, minor])
+    assert order.tolist() == np.lexsort((minor, major)).tolist()
+
+
+def test_parquet_options_write_what_they_name(tmp_path: Any) -> None:
+    import pyarrow.parquet as pq
+
+    table = pa.table(
+        {
+            "user_id": pa.array([1, 2], pa.int64()),
+            "times": pa.array([[5, 6], [7]], pa.list_(pa.int64())),
+            "codes": pa.array([[1, 1], [1]], pa.list_(pa.int32())),
+        }
+    )
+    options = parquet_options(table.schema, plain=["times"])
+    assert options == {
+        "write_statistics": ["user_id"],
+        "use_dictionary": ["user_id", "codes.list.element"],
+    }
+    path = tmp_path / "t.parquet"
+    path.write_bytes(write_parquet_bytes(table, plain=["times"]).to_pybytes())
+    assert pq.read_table(path).equals(table)
+    columns = pq.ParquetFile(path).metadata.row_group(0)
+    encodings = {
+        columns.column(i).path_in_schema: columns.column(i).encodings
+        for i in range(columns.num_columns)
+    }
+    assert "RLE_DICTIONARY" not in encodings["times.list.element"]
+    assert "RLE_DICTIONARY" in encodings["codes.list.element"]
+    with pytest.raises(ValueError, match="no columns"):
+        parquet_options(table.schema, plain=["nope"])
+
+
+def test_background_writes_run_in_order_and_raise() -> None:
+    done: list[int] = []
+    writes = BackgroundWrites(max_pending=2)
+    for i in range(10):
+        writes.submit(done.append, i)
+    writes.wait()
+    assert done == list(range(10))
+
+    def fail() -> None:
+        raise OSError("disk full")
+
+    writes.submit(fail)
+    with pytest.raises(OSError, match="disk full"):
+        writes.wait()
+    writes.close()
+
+
+def test_user_sequence_parts_concatenate_to_the_whole_table() -> None:
+    timelines = build_timelines(dedupe_events(EVENTS), ADS, CONTENTS)
+    # Two pieces, users out of order, as gathered from two shards.
+    gathered = pa.concat_tables([timelines.slice(1), timelines.slice(0, 1)])
+    whole = user_sequences(gathered)
+    assert whole.num_rows > 2
+    assert whole.column("user_id").to_pylist() == sorted(
+        whole.column("user_id").to_pylist()
+    )
+    for rows in (1, 2, whole.num_rows):
+        parts = list(user_sequence_parts(gathered, rows))
+        assert all(part.num_rows <= rows for part in parts)
+        assert pa.concat_tables(parts).equals(whole)
+
+
+class _Double(PooledDoFn):
+    """Test DoFn: doubles on a pool thread, counts on the bundle's thread."""
+
+    threads = 2
+    max_pending = 1
+
+    def __init__(self) -> None:
+        self.seen = beam.metrics.Metrics.counter("test", "seen")
+
+    def compute(self, element: int) -> int:
+        if element < 0:
+            raise ValueError("negative")
+        return 2 * element
+
+    def emit(self, result: int) -> Any:
+        self.seen.inc()
+        yield result
+
+
+def test_pooled_dofn_emits_every_result_once_and_raises() -> None:
+    p = _pipeline()
+    doubled = p | beam.Create(list(range(50)), reshuffle=False) | beam.ParDo(_Double())
+    assert_that(doubled, equal_to([2 * i for i in range(50)]))
+    result = p.run()
+    result.wait_until_finish()
+    seen = result.metrics().query(beam.metrics.MetricsFilter().with_name("seen"))[
+        "counters"
+    ]
+    assert sum(c.committed for c in seen) == 50
+    failing = _pipeline()
+    _ = failing | beam.Create([1, -1]) | beam.ParDo(_Double())
+    with pytest.raises(Exception, match="negative"):
+        failing.run().wait_until_finish()
+
+
+def test_reuse_freed_memory_applies_once() -> None:
+    reuse_freed_memory()
+    assert reuse_freed_memory() is False
+
+
 # --- the parser under corrupted input --------------------------------------
 
 _VALID_LINES = encode_event_table(EVENTS)
@@ -370,7 +550,8 @@ def _corrupted(draw: st.DrawFn) -> bytes:
 @given(st.lists(_corrupted(), max_size=25))
 def test_corrupted_lines_are_counted_and_never_crash(lines: list[bytes]) -> None:
     fn = ValidateEventsFn(NOW)
-    outputs = list(fn.process(RawEvents("x.jsonl", 1, payloads=tuple(lines))))
+    # The DoFn's work and its outputs, without a runner (or its thread pool).
+    outputs = list(fn.emit(fn.compute(RawEvents("x.jsonl", 1, payloads=tuple(lines)))))
     valid = sum(o.num_rows for o in outputs if isinstance(o, pa.Table))
     dead = [o for o in outputs if not isinstance(o, pa.Table)]
     assert valid + len(dead) == len(lines)

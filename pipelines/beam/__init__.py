@@ -6,12 +6,12 @@ produces:
 - :mod:`~pipelines.beam.options`: ``GemBuildOptions`` (the CLI flags);
 - :mod:`~pipelines.beam.io`: ``ReadEvents``, ``ReadDimensions`` (and
   ``ReadDimension``), ``WriteExamples``, ``WriteTimelines``,
-  ``WriteFeatureTables``, ``WriteFeatureTable``, ``WriteDeadLetters``, and
-  the early input checks;
+  ``WriteFeatureTables``, ``WriteDeadLetters``, the early input checks, and
+  the writer-thread base of the DoFns that write files;
 - :mod:`~pipelines.beam.validate`: ``ValidateEvents`` (dead letters as a
   tagged output);
 - :mod:`~pipelines.beam.timelines`: ``DedupeEvents``, ``BuildTimelines``,
-  ``BuildUserSequences``;
+  ``WriteUserSequences``;
 - :mod:`~pipelines.beam.counters`: ``CountEngagement`` (user counters per
   user shard; ad / advertiser counters through a second keyed aggregation);
 - :mod:`~pipelines.beam.examples`: ``BuildExamples``, ``BuildProfiles``;
@@ -20,8 +20,15 @@ produces:
   as-of lookup;
 - :mod:`~pipelines.beam.kernels`: vectorized kernels shared with
   ``pipelines.reference`` (no Beam import): timeline order, first copy of
-  each id, windowed counts.
+  each id, windowed counts, Parquet settings and background writes;
+- :mod:`~pipelines.beam.memory`: the process's allocator settings (shared
+  with the reference too);
+- :mod:`~pipelines.beam.parallel`: ``PooledDoFn``, the base of the DoFns
+  whose per-shard work runs on a worker thread.
 
 Elements are Arrow tables keyed by shard, processed whole with numpy /
-pyarrow; every shuffle carries Arrow IPC bytes.
+pyarrow; every shuffle carries Arrow IPC bytes. The kernels release the GIL,
+so a worker uses a second core: the heavy per-shard DoFns compute on a
+thread pool (``PooledDoFn``) and output files are written on a writer thread,
+both finished within the bundle.
 """

@@ -6,11 +6,11 @@ the number of distinct events of that entity and action with time in
 advertiser counters need every event of an ad / advertiser, which are spread
 over all user shards, so they take a second keyed aggregation:
 
-1. each user shard sends, per entity kind, its distinct ad events and its
-   impressions ("queries": entity, time, and where the answer goes back to:
-   the user shard and the impression's ordinal there) to the shard of the
-   entity id (``kind * E + hash(id) mod E``, E = :func:`entity_shard_count`),
-   as Arrow IPC;
+1. each user shard sends, per entity kind, its distinct ad events to the
+   shard of the entity id (``kind * E + hash(id) mod E``, E =
+   :func:`entity_shard_count`), as Arrow IPC; impressions are also the
+   queries, and carry where the answer goes back to (the user shard and the
+   impression's ordinal there);
 2. each entity shard counts for its queries, vectorized, and sends the
    counters back keyed by user shard, with the ordinals.
 
@@ -50,14 +50,18 @@ from pipelines.beam.arrow import (
     to_int64,
 )
 from pipelines.beam.kernels import WindowCounter
+from pipelines.beam.parallel import PooledDoFn
 
 ENTITY_KINDS: Final = ("ad", "advertiser")
 EXAMPLE_COUNTERS = "example_counters"
+_AD_EVENT_COLUMNS: Final = ["user_id", "ad_id", "advertiser_id", "event_time", "action"]
 FEATURE_ROWS = "feature_rows"
 _UNIT_MS: Final = {"h": 3_600_000, "d": 86_400_000}
 WINDOWS_MS: Final = tuple(int(w[:-1]) * _UNIT_MS[w[-1]] for w in COUNTER_WINDOWS)
 
-# What travels to an entity shard: events (action 1..3) and queries (action 0).
+# What travels to an entity shard: ad events (action 1..3); impressions are
+# also the queries (ordinal >= 0: their rank among the user shard's
+# impressions, where the answer goes back to).
 ENTITY_ROWS_SCHEMA: Final = pa.schema(
     [
         pa.field("entity_id", pa.int64(), False),
@@ -156,8 +160,9 @@ def _counter_table(ordinals: IntArray, counters: dict[str, Any]) -> pa.Table:
     return pa.table(columns)
 
 
-class CountUserShardFn(beam.DoFn):  # type: ignore[misc]
-    """A user shard: its user counters, and what it sends to entity shards.
+class CountUserShardFn(PooledDoFn):
+    """A user shard: its user counters, and what it sends to entity shards
+    (on a worker thread, :class:`~pipelines.beam.parallel.PooledDoFn`).
 
     Outputs: main ``(entity key, rows)`` for the entity shuffle; tagged
     ``example_counters`` (the user kind) and ``feature_rows``
@@ -167,22 +172,30 @@ class CountUserShardFn(beam.DoFn):  # type: ignore[misc]
     def __init__(self, shards: int) -> None:
         self._shards = shards
 
-    def process(self, element: ShardedTable) -> Iterator[Any]:
+    def compute(self, element: ShardedTable) -> list[Any]:
+        """All of the shard's outputs (see :meth:`outputs`)."""
+        return list(self.outputs(element))
+
+    def outputs(self, element: ShardedTable) -> Iterator[Any]:
         """Count the user kind here; route ad / advertiser work by entity."""
         shard, events = element
         is_ad = np.asarray(
             pc.is_in(events.column("action"), value_set=pa.array(vocab.AD_ACTIONS))
         )
-        ads = events.filter(pa.array(is_ad))
+        ads = events.select(_AD_EVENT_COLUMNS).filter(pa.array(is_ad))
         actions = _action_codes(ads)
         times = to_int64(ads.column("event_time"))
-        impressions = events.filter(pa.array(impression_mask(events)))
-        query_times = to_int64(impressions.column("event_time"))
-        ordinals = np.arange(impressions.num_rows, dtype=np.int64)
+        user_ids = to_int64(ads.column("user_id"))
+        # Impressions are both events and queries: the ad-event rows of
+        # impressions carry their ordinal (rank among the shard's impressions,
+        # timeline order), the others -1.
+        is_impression = actions == COUNTER_ACTIONS.index("impression") + 1
+        ad_ordinals = np.where(is_impression, np.cumsum(is_impression) - 1, -1)
+        ordinals = ad_ordinals[is_impression]
 
-        counter = _window_counter(to_int64(ads.column("user_id")), times, actions)
+        counter = _window_counter(user_ids, times, actions)
         counters = _named(
-            "user", counter.count(to_int64(impressions.column("user_id")), query_times)
+            "user", counter.count(user_ids[is_impression], times[is_impression])
         )
         yield pvalue.TaggedOutput(
             EXAMPLE_COUNTERS,
@@ -191,30 +204,18 @@ class CountUserShardFn(beam.DoFn):  # type: ignore[misc]
         rows = _counter_rows("user", counter)
         yield pvalue.TaggedOutput(FEATURE_ROWS, ("user_counters", table_to_ipc(rows)))
 
+        entity_shards = entity_shard_count(self._shards)
         for kind_index, kind in enumerate(ENTITY_KINDS):
-            column = f"{kind}_id"
             rows = pa.table(
                 {
-                    "entity_id": np.concatenate(
-                        [
-                            to_int64(ads.column(column)),
-                            to_int64(impressions.column(column)),
-                        ]
-                    ),
-                    "time_ms": np.concatenate([times, query_times]),
-                    "action": np.concatenate(
-                        [actions, np.zeros(impressions.num_rows, np.int64)]
-                    ).astype(np.int8),
-                    "user_shard": np.full(
-                        ads.num_rows + impressions.num_rows, shard, np.int32
-                    ),
-                    "ordinal": np.concatenate(
-                        [np.full(ads.num_rows, -1, np.int64), ordinals]
-                    ),
+                    "entity_id": to_int64(ads.column(f"{kind}_id")),
+                    "time_ms": times,
+                    "action": actions.astype(np.int8),
+                    "user_shard": np.full(ads.num_rows, shard, np.int32),
+                    "ordinal": ad_ordinals,
                 },
                 schema=ENTITY_ROWS_SCHEMA,
             )
-            entity_shards = entity_shard_count(self._shards)
             targets = shard_of(to_int64(rows.column("entity_id")), entity_shards)
             for target, part in split_by_shard(rows, targets):
                 yield kind_index * entity_shards + target, table_to_ipc(part)
@@ -226,32 +227,48 @@ def _action_codes(ad_events: pa.Table) -> IntArray:
     return to_int64(index, -1) + 1
 
 
-class CountEntityShardFn(beam.DoFn):  # type: ignore[misc]
-    """An ad / advertiser shard: counters for its queries and its feature rows."""
+class CountEntityShardFn(PooledDoFn):
+    """An ad / advertiser shard: counters for its queries and its feature rows.
+
+    Two entity shards at a time, on worker threads
+    (:class:`~pipelines.beam.parallel.PooledDoFn`): the work is sorts and
+    binary searches that release the GIL, and nothing fused after this DoFn
+    needs the bundle's thread for long.
+    """
+
+    threads = 2
 
     def __init__(self, shards: int) -> None:
         self._shards = shards
 
-    def process(self, element: tuple[int, Iterable[bytes]]) -> Iterator[Any]:
-        """Answer each user shard's queries; emit the feature rows."""
+    def prepare(self, element: tuple[int, Iterable[bytes]]) -> tuple[int, list[bytes]]:
+        """The entity shard's IPC pieces, as a list."""
+        key, parts = element
+        return key, list(parts)
+
+    def compute(self, element: tuple[int, list[bytes]]) -> list[Any]:
+        """Answer each user shard's queries; the feature rows."""
         key, parts = element
         kind = ENTITY_KINDS[key // entity_shard_count(self._shards)]
         rows = concat([ipc_to_table(p) for p in parts], ENTITY_ROWS_SCHEMA)
         ids = to_int64(rows.column("entity_id"))
         times = to_int64(rows.column("time_ms"))
         actions = to_int64(rows.column("action"))
-        is_event = actions > 0
-        counter = _window_counter(ids[is_event], times[is_event], actions[is_event])
-        yield pvalue.TaggedOutput(
-            FEATURE_ROWS,
-            (f"{kind}_counters", table_to_ipc(_counter_rows(kind, counter))),
-        )
-        query = ~is_event
+        ordinals = to_int64(rows.column("ordinal"))
+        counter = _window_counter(ids, times, actions)
+        outputs: list[Any] = [
+            pvalue.TaggedOutput(
+                FEATURE_ROWS,
+                (f"{kind}_counters", table_to_ipc(_counter_rows(kind, counter))),
+            )
+        ]
+        query = ordinals >= 0
         counters = _named(kind, counter.count(ids[query], times[query]))
-        answers = _counter_table(to_int64(rows.column("ordinal"))[query], counters)
+        answers = _counter_table(ordinals[query], counters)
         user_shards = to_int64(rows.column("user_shard"))[query]
         for user_shard, part in split_by_shard(answers, user_shards):
-            yield user_shard, (kind, table_to_ipc(part))
+            outputs.append((user_shard, (kind, table_to_ipc(part))))
+        return outputs
 
 
 class CountEngagement(beam.PTransform):  # type: ignore[misc]

@@ -34,13 +34,15 @@ from pipelines.beam.arrow import (
     IntArray,
     ShardedTable,
     TaggedIpc,
-    asof_rows,
+    asof_index,
     ipc_to_table,
+    per_table,
     table_to_ipc,
     to_int64,
     vocabulary_codes,
 )
 from pipelines.beam.counters import impression_mask
+from pipelines.beam.parallel import PooledDoFn
 from pipelines.beam.timelines import user_offsets
 from pipelines.beam.validate import METRICS_NAMESPACE
 
@@ -177,20 +179,12 @@ def example_bases(events: pa.Table, users: pa.Table, ads: pa.Table) -> pa.Table:
     imp = events.filter(pa.array(mask))
     times = to_int64(imp.column("event_time"))
     user_ids = to_int64(imp.column("user_id"))
-    user_rows = asof_rows(
-        to_int64(users.column("user_id")),
-        to_int64(users.column("updated_at")),
-        user_ids,
-        times,
+    user_rows = asof_index(users, "user_id", "updated_at").rows(user_ids, times)
+    ad_rows = asof_index(ads, "ad_id", "updated_at").rows(
+        to_int64(imp.column("ad_id")), times
     )
-    ad_rows = asof_rows(
-        to_int64(ads.column("ad_id")),
-        to_int64(ads.column("updated_at")),
-        to_int64(imp.column("ad_id")),
-        times,
-    )
-    user_codes = user_attribute_codes(users)
-    ad_codes = ad_attribute_codes(ads)
+    user_codes = per_table(users, "user_codes", user_attribute_codes)
+    ad_codes = per_table(ads, "ad_codes", ad_attribute_codes)
     columns: dict[str, Any] = {
         "schema_version": np.full(imp.num_rows, SCHEMA_VERSION, np.int16),
         "example_id": imp.column("event_id"),
@@ -248,20 +242,36 @@ def join_counters(base: pa.Table, counters: list[pa.Table]) -> pa.Table:
     return pa.Table.from_arrays(arrays, schema=_EXAMPLE_SCHEMA)
 
 
-class ExampleBasesFn(beam.DoFn):  # type: ignore[misc]
-    """``(shard, distinct events)`` -> ``(shard, ("base", example bases))``."""
+class ExampleBasesFn(PooledDoFn):
+    """``(shard, distinct events)`` -> ``(shard, ("base", example bases))``, on
+    a worker thread (:class:`~pipelines.beam.parallel.PooledDoFn`)."""
 
     def __init__(self) -> None:
         self.impressions = Metrics.counter(METRICS_NAMESPACE, "impressions")
 
     def process(
-        self, element: ShardedTable, users: pa.Table, ads: pa.Table
+        self,
+        element: ShardedTable,
+        users: pa.Table,
+        ads: pa.Table,
+        window: Any = beam.DoFn.WindowParam,
     ) -> Iterator[tuple[int, TaggedIpc]]:
-        """Build the shard's example bases."""
-        shard, events = element
+        """Queue the shard's bases (the dimension tables go along)."""
+        yield from self.submit((element, users, ads), window)
+
+    def compute(
+        self, work: tuple[ShardedTable, pa.Table, pa.Table]
+    ) -> tuple[int, int, bytes]:
+        """Build the shard's example bases, as IPC."""
+        (shard, events), users, ads = work
         bases = example_bases(events, users, ads)
-        self.impressions.inc(bases.num_rows)
-        yield shard, (BASE, table_to_ipc(bases))
+        return shard, bases.num_rows, table_to_ipc(bases)
+
+    def emit(self, result: tuple[int, int, bytes]) -> Iterator[tuple[int, TaggedIpc]]:
+        """Count the impressions; the shard's bases."""
+        shard, impressions, data = result
+        self.impressions.inc(impressions)
+        yield shard, (BASE, data)
 
 
 def _join(element: tuple[int, Iterable[TaggedIpc]]) -> ShardedTable:
@@ -291,10 +301,11 @@ class BuildExamples(beam.PTransform):  # type: ignore[misc]
 
     def expand(self, events: beam.PCollection) -> beam.PCollection:
         """Bases per shard, then one keyed join with the counters."""
+        # Side inputs by position: the DoFn's process also takes the window.
         bases = events | "Bases" >> beam.ParDo(
             ExampleBasesFn(),
-            users=beam.pvalue.AsSingleton(self._users),
-            ads=beam.pvalue.AsSingleton(self._ads),
+            beam.pvalue.AsSingleton(self._users),
+            beam.pvalue.AsSingleton(self._ads),
         ).with_output_types(tuple[int, TaggedIpc])
         return (
             (bases, self._counters)

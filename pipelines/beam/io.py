@@ -14,8 +14,7 @@ output instead of adding a second copy.
 from __future__ import annotations
 
 import datetime as dt
-import io
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Final
 
@@ -40,7 +39,15 @@ from pipelines.beam.arrow import (
     table_to_ipc,
     to_int64,
 )
-from pipelines.beam.kernels import distinct_sorted, timeline_order
+from pipelines.beam.kernels import (
+    PLAIN_COLUMNS,
+    BackgroundWrites,
+    int_order,
+    parquet_options,
+    timeline_order,
+    write_parquet_bytes,
+)
+from pipelines.beam.memory import reuse_freed_memory
 from pipelines.beam.validate import METRICS_NAMESPACE, RawEvents
 
 PARQUET_BATCH_ROWS: Final = 262_144
@@ -104,6 +111,10 @@ def _parquet_schema(path: str) -> pa.Schema:
 
 class ReadEventFileFn(beam.DoFn):  # type: ignore[misc]
     """One event file in, :class:`RawEvents` batches out (bounded memory)."""
+
+    def setup(self) -> None:
+        """The worker process's memory settings (:mod:`pipelines.beam.memory`)."""
+        reuse_freed_memory()
 
     def process(self, path: str) -> Iterator[RawEvents]:
         """Yield the file's events in batches; errors name the file."""
@@ -249,12 +260,66 @@ class ReadDimensions(beam.PTransform):  # type: ignore[misc]
         )
 
 
-def write_parquet(table: pa.Table, path: str) -> None:
-    """Write one Parquet file through Beam's filesystems (local, GCS, S3...)."""
-    buffer = io.BytesIO()
-    pq.write_table(table, buffer)
+def write_parquet(table: pa.Table, path: str, plain: Sequence[str] = ()) -> None:
+    """Write one Parquet file through Beam's filesystems (local, GCS, S3...);
+    ``plain``: columns without dictionary encoding (``PLAIN_COLUMNS``)."""
+    data = write_parquet_bytes(table, plain)
     with FileSystems.create(path) as handle:
-        handle.write(buffer.getvalue())
+        handle.write(memoryview(data))
+
+
+class ParquetFileWriter:
+    """One Parquet file written part by part (a row group or more each), in
+    memory until :meth:`close` stores it through Beam's filesystems;
+    ``plain`` as for :func:`write_parquet`."""
+
+    def __init__(self, schema: pa.Schema, plain: Sequence[str] = ()) -> None:
+        self._schema = schema
+        self._sink = pa.BufferOutputStream()
+        options = parquet_options(schema, plain)
+        self._writer = pq.ParquetWriter(self._sink, schema, **options)
+
+    def write(self, part: pa.Table) -> None:
+        """Append ``part`` (cast to the file's schema)."""
+        self._writer.write_table(part.cast(self._schema))
+
+    def close(self, path: str) -> None:
+        """Finish the file and store it at ``path``."""
+        self._writer.close()
+        with FileSystems.create(path) as handle:
+            handle.write(memoryview(self._sink.getvalue()))
+
+
+class BackgroundWriteFn(beam.DoFn):  # type: ignore[misc]
+    """Base of the DoFns that write files: writes run on a thread of the
+    worker (:class:`~pipelines.beam.kernels.BackgroundWrites`) while the
+    bundle goes on, and are complete when the bundle finishes (a retried
+    bundle rewrites the same paths)."""
+
+    def setup(self) -> None:
+        """One writer thread per DoFn instance; the process's memory settings."""
+        reuse_freed_memory()
+        self._writes = BackgroundWrites()
+
+    def start_bundle(self) -> None:
+        """Leftovers of a failed bundle finish first (their errors were its)."""
+        self._writes.forget()
+
+    def write(self, table: pa.Table, path: str, plain: Sequence[str] = ()) -> None:
+        """Write ``table`` to ``path`` in the background (see :func:`write_parquet`)."""
+        self._writes.submit(write_parquet, table, path, plain)
+
+    def submit(self, job: Callable[..., Any], *args: Any) -> None:
+        """Run ``job(*args)`` on the writer thread, after the earlier writes."""
+        self._writes.submit(job, *args)
+
+    def finish_bundle(self) -> None:
+        """Every file of the bundle is written."""
+        self._writes.wait()
+
+    def teardown(self) -> None:
+        """Stop the writer thread."""
+        self._writes.close()
 
 
 def _day(day: int) -> str:
@@ -263,14 +328,27 @@ def _day(day: int) -> str:
 
 
 def day_parts(table: pa.Table) -> Iterator[tuple[str, pa.Table]]:
-    """Rows of ``table`` by the UTC day of ``event_time``, as ``(YYYY-MM-DD, rows)``."""
-    days = to_int64(table.column("event_time")) // DAY_MS
-    for day in distinct_sorted(days):
-        rows = table.filter(pa.array(days == day))
-        yield _day(int(day)), rows
+    """Rows of ``table`` by the UTC day of ``event_time``, as ``(YYYY-MM-DD,
+    rows)``, each day's rows in time order (ties by ``example_id``).
+
+    One sort and one gather of the whole table, then each day is a zero-copy
+    slice (time order groups the days).
+    """
+    if table.num_rows == 0:
+        return
+    times = to_int64(table.column("event_time"))
+    order = timeline_order([times], table.column("example_id"))
+    if np.any(order[1:] < order[:-1]):
+        table = table.take(pa.array(order))
+    days = times[order] // DAY_MS
+    bounds = np.flatnonzero(days[1:] != days[:-1]) + 1
+    starts = np.concatenate([[0], bounds]).astype(np.int64)
+    ends = np.append(bounds, days.size).astype(np.int64)
+    for lo, hi in zip(starts, ends, strict=True):
+        yield _day(int(days[lo])), table.slice(int(lo), int(hi - lo))
 
 
-class WriteExamplesFn(beam.DoFn):  # type: ignore[misc]
+class WriteExamplesFn(BackgroundWriteFn):
     """Write a shard's examples: one part per (day, shard), in impression time
     order (ties by example_id).
 
@@ -289,10 +367,7 @@ class WriteExamplesFn(beam.DoFn):  # type: ignore[misc]
         schema = training_example_schema()
         for day, rows in day_parts(examples):
             path = f"{self._output}/examples/date={day}/part-{shard:05d}.parquet"
-            order = timeline_order(
-                [to_int64(rows.column("event_time"))], rows.column("example_id")
-            )
-            write_parquet(rows.take(pa.array(order)).cast(schema), path)
+            self.write(rows.cast(schema), path, PLAIN_COLUMNS["examples"])
             yield path
         self.examples.inc(examples.num_rows)
 
@@ -318,20 +393,26 @@ class WriteTimelines(beam.PTransform):  # type: ignore[misc]
 
     def expand(self, timelines: beam.PCollection) -> beam.PCollection:
         """Write one part per shard."""
-        output = self._output
+        return timelines | "WriteParts" >> beam.ParDo(WriteTimelinesFn(self._output))
 
-        def write(element: ShardedTable) -> str:
-            shard, table = element
-            path = f"{output}/timelines/part-{shard:05d}.parquet"
-            users = to_int64(table.column("user_id"))
-            # BuildTimelines already emits users in order: skip reordering
-            # the list columns then (a copy of every event).
-            if np.any(users[1:] < users[:-1]):
-                table = table.sort_by("user_id")
-            write_parquet(table.cast(TIMELINE_SCHEMA), path)
-            return path
 
-        return timelines | "WriteParts" >> beam.Map(write)
+class WriteTimelinesFn(BackgroundWriteFn):
+    """``(shard, timelines)`` -> ``timelines/part-SSSSS.parquet``, by user."""
+
+    def __init__(self, output: str) -> None:
+        self._output = output
+
+    def process(self, element: ShardedTable) -> Iterator[str]:
+        """Write the shard's part (in the background); yield its path."""
+        shard, table = element
+        path = f"{self._output}/timelines/part-{shard:05d}.parquet"
+        users = to_int64(table.column("user_id"))
+        # BuildTimelines already emits users in order: skip reordering the
+        # list columns then (a copy of every event).
+        if np.any(users[1:] < users[:-1]):
+            table = table.sort_by("user_id")
+        self.write(table.cast(TIMELINE_SCHEMA), path, PLAIN_COLUMNS["timelines"])
+        yield path
 
 
 class WriteFeatureTables(beam.PTransform):  # type: ignore[misc]
@@ -364,50 +445,38 @@ class WriteFeatureTables(beam.PTransform):  # type: ignore[misc]
             reshuffle=False,
         ).with_output_types(TaggedIpc)
 
-        def write(element: tuple[str, Iterable[bytes]]) -> str:
-            name, parts = element
-            spec = FEATURE_TABLES[name]
-            tables = [ipc_to_table(p) for p in parts]
-            table = concat([t for t in tables if t.num_rows], spec.schema)
-            # One gather in (entity, time) order; a stable sort keeps the
-            # table order of equal keys (profile versions), like the reference.
-            order = np.lexsort(
-                (
-                    to_int64(table.column("event_timestamp")),
-                    to_int64(table.column(spec.entity)),
-                )
-            )
-            table = table.take(pa.array(order))
-            path = f"{output}/feature_tables/{name}.parquet"
-            write_parquet(table.cast(spec.schema), path)
-            return path
-
         return (
             (*inputs, empties)
             | "AllPieces" >> beam.Flatten().with_output_types(TaggedIpc)
             | "ByTable" >> beam.GroupByKey()
-            | "WriteTables" >> beam.Map(write)
+            | "WriteTables" >> beam.ParDo(WriteFeatureTablesFn(output))
         )
 
 
-class WriteFeatureTable(beam.PTransform):  # type: ignore[misc]
-    """``feature_tables/<name>.parquet`` from one whole, already sorted table."""
+class WriteFeatureTablesFn(BackgroundWriteFn):
+    """``(table name, IPC pieces)`` -> ``feature_tables/<name>.parquet``."""
 
-    def __init__(self, output: str, name: str) -> None:
-        super().__init__()
+    def __init__(self, output: str) -> None:
         self._output = output
-        self._name = name
 
-    def expand(self, table: beam.PCollection) -> beam.PCollection:
-        """Write the (single) table element as it is."""
-        path = f"{self._output}/feature_tables/{self._name}.parquet"
-        schema = FEATURE_TABLES[self._name].schema
-
-        def write(rows: pa.Table) -> str:
-            write_parquet(rows.cast(schema), path)
-            return path
-
-        return table | "Write" >> beam.Map(write)
+    def process(self, element: tuple[str, Iterable[bytes]]) -> Iterator[str]:
+        """Concatenate, sort by (entity, time), write in the background."""
+        name, parts = element
+        spec = FEATURE_TABLES[name]
+        tables = [ipc_to_table(p) for p in parts]
+        table = concat([t for t in tables if t.num_rows], spec.schema)
+        # One gather in (entity, time) order; a stable sort keeps the table
+        # order of equal keys (profile versions), like the reference.
+        order = int_order(
+            [
+                to_int64(table.column(spec.entity)),
+                to_int64(table.column("event_timestamp")),
+            ]
+        )
+        table = table.take(pa.array(order))
+        path = f"{self._output}/feature_tables/{name}.parquet"
+        self.write(table.cast(spec.schema), path)
+        yield path
 
 
 class WriteDeadLetters(beam.PTransform):  # type: ignore[misc]

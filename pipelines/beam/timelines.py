@@ -7,9 +7,9 @@
   user shard is a key-based shuffle that sees all copies.
 - ``BuildTimelines``: ``(shard, events)`` -> ``(shard, timelines)`` in
   :data:`~features.examples.TIMELINE_SCHEMA`, one row per user.
-- ``BuildUserSequences``: ``(shard, timelines)`` -> the whole ``user_sequence``
-  feature table (hourly snapshots, see :mod:`features.feature_tables`), cut
-  once from every shard's timelines.
+- ``WriteUserSequences``: ``(shard, timelines)`` -> the ``user_sequence``
+  feature table file (hourly snapshots, see :mod:`features.feature_tables`),
+  cut once from every shard's timelines.
 
 Every step works on a whole shard with numpy / Arrow kernels (the sort and
 dedupe kernels are shared with the reference: :mod:`pipelines.beam.kernels`).
@@ -17,7 +17,7 @@ dedupe kernels are shared with the reference: :mod:`pipelines.beam.kernels`).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import apache_beam as beam
@@ -39,16 +39,19 @@ from pipelines.beam.arrow import (
     IntArray,
     ShardedIpc,
     ShardedTable,
-    asof_rows,
+    asof_index,
     concat,
     ipc_to_table,
+    per_table,
     shard_of,
     split_by_shard,
     table_to_ipc,
     to_int64,
     vocabulary_codes,
 )
-from pipelines.beam.kernels import first_of_each, timeline_order
+from pipelines.beam.io import BackgroundWriteFn, ParquetFileWriter
+from pipelines.beam.kernels import PLAIN_COLUMNS, first_of_each, timeline_order
+from pipelines.beam.parallel import PooledDoFn
 from pipelines.beam.validate import METRICS_NAMESPACE
 
 HOUR_MS = 3_600_000
@@ -116,19 +119,30 @@ class ShardEventsFn(beam.DoFn):  # type: ignore[misc]
             yield shard, table_to_ipc(part)
 
 
-class DedupeEventsFn(beam.DoFn):  # type: ignore[misc]
-    """A user shard's batches -> its distinct events in timeline order."""
+class DedupeEventsFn(PooledDoFn):
+    """A user shard's batches -> its distinct events in timeline order (on a
+    worker thread, :class:`~pipelines.beam.parallel.PooledDoFn`)."""
 
     def __init__(self) -> None:
         self.duplicates = Metrics.counter(METRICS_NAMESPACE, "duplicates_removed")
         self.distinct = Metrics.counter(METRICS_NAMESPACE, "events_distinct")
 
-    def process(self, element: tuple[int, Iterable[bytes]]) -> Iterator[ShardedTable]:
-        """Concatenate, dedupe, sort; count what was dropped."""
+    def prepare(self, element: tuple[int, Iterable[bytes]]) -> tuple[int, list[bytes]]:
+        """The shard's IPC batches, as a list."""
+        shard, batches = element
+        return shard, list(batches)
+
+    def compute(self, element: tuple[int, list[bytes]]) -> tuple[int, pa.Table, int]:
+        """Concatenate, dedupe, sort; with the number of rows dropped."""
         shard, batches = element
         events = concat([ipc_to_table(b) for b in batches], EVENT_SCHEMA)
         distinct = dedupe_events(events)
-        self.duplicates.inc(events.num_rows - distinct.num_rows)
+        return shard, distinct, events.num_rows - distinct.num_rows
+
+    def emit(self, result: tuple[int, pa.Table, int]) -> Iterator[ShardedTable]:
+        """Count what was dropped and kept; the shard's distinct events."""
+        shard, distinct, dropped = result
+        self.duplicates.inc(dropped)
         self.distinct.inc(distinct.num_rows)
         yield shard, distinct
 
@@ -160,22 +174,17 @@ def event_categories(events: pa.Table, ads: pa.Table, contents: pa.Table) -> Int
     # Each lookup only for the events it applies to (ad vs organic).
     ad_events = np.flatnonzero(is_ad)
     organic = np.flatnonzero(~is_ad)
-    ad_rows = asof_rows(
-        to_int64(ads.column("ad_id")),
-        to_int64(ads.column("updated_at")),
+    ad_rows = asof_index(ads, "ad_id", "updated_at").rows(
         to_int64(events.column("ad_id"), -1)[ad_events],
         to_int64(events.column("event_time"))[ad_events],
     )
-    ad_codes = vocabulary_codes(ads.column("creative_category"), vocab.CATEGORIES)
-    content_ids = to_int64(contents.column("content_id"))
-    content_rows = asof_rows(
-        content_ids,
-        np.zeros(content_ids.size, np.int64),
+    ad_codes = per_table(ads, "ad_categories", _category_codes("creative_category"))
+    content_rows = asof_index(contents, "content_id", None).rows(
         to_int64(events.column("content_id"), -1)[organic],
         np.zeros(organic.size, np.int64),
     )
-    content_codes = vocabulary_codes(
-        contents.column("content_category"), vocab.CATEGORIES
+    content_codes = per_table(
+        contents, "content_categories", _category_codes("content_category")
     )
     category = np.zeros(events.num_rows, dtype=np.int64)
     ad_hit = ad_rows >= 0
@@ -183,6 +192,13 @@ def event_categories(events: pa.Table, ads: pa.Table, contents: pa.Table) -> Int
     content_hit = content_rows >= 0
     category[organic[content_hit]] = content_codes[content_rows[content_hit]]
     return category
+
+
+def _category_codes(column: str) -> Callable[[pa.Table], IntArray]:
+    def codes(table: pa.Table) -> IntArray:
+        return vocabulary_codes(table.column(column), vocab.CATEGORIES)
+
+    return codes
 
 
 def user_offsets(users: IntArray) -> IntArray:
@@ -266,14 +282,34 @@ class BuildTimelines(beam.PTransform):  # type: ignore[misc]
         ).with_output_types(ShardedTable)
 
 
+USER_SEQUENCE_PART_ROWS = 65_536
+
+
 def user_sequences(timelines: pa.Table) -> pa.Table:
     """The ``user_sequence`` feature table rows of some users' timelines.
 
     One row per (user, UTC hour with an event of the user), at the end of the
-    hour, with the last :data:`USER_SEQUENCE_LENGTH` events strictly before it.
+    hour, with the last :data:`USER_SEQUENCE_LENGTH` events strictly before it,
+    in (user, hour) order.
     """
     spec = FEATURE_TABLES["user_sequence"]
-    times = timelines.column("event_time").combine_chunks()
+    parts = list(user_sequence_parts(timelines))
+    return pa.concat_tables(parts) if parts else spec.schema.empty_table()
+
+
+def user_sequence_parts(
+    timelines: pa.Table, rows_per_part: int = USER_SEQUENCE_PART_ROWS
+) -> Iterator[pa.Table]:
+    """:func:`user_sequences` in consecutive parts of at most ``rows_per_part``
+    rows (the whole table when concatenated), so a writer can write one part
+    while the next is cut."""
+    spec = FEATURE_TABLES["user_sequence"]
+    # One copy of the (chunked) timelines; each part's windows are then cut
+    # from it without another, so the first part is ready (and its write
+    # can start) before the later ones are cut.
+    timelines = timelines.combine_chunks()
+    times = timelines.column("event_time")
+    times = times.chunk(0) if times.num_chunks == 1 else times.combine_chunks()
     flat_times = to_int64(times.values)
     lengths = np.diff(np.asarray(times.offsets.to_numpy(), dtype=np.int64))
     owner = np.repeat(np.arange(timelines.num_rows), lengths)
@@ -293,42 +329,66 @@ def user_sequences(timelines: pa.Table) -> pa.Table:
     # here is much cheaper than reordering the snapshots' list columns.
     by_user = np.argsort(users, kind="stable")
     users, ends, cuts = users[by_user], ends[by_user], cuts[by_user]
-    positions, offsets, columns = window_positions(
-        users, cuts, timelines, USER_SEQUENCE_LENGTH
-    )
-    take = pa.array(positions, pa.int64())
-    list_offsets = pa.array(offsets.astype(np.int32), pa.int32())
-    arrays: list[pa.Array] = [
-        pa.array(users, pa.int64()),
-        pa.array(ends, pa.int64()).cast(spec.schema.field("event_timestamp").type),
-    ]
-    for field in spec.schema:
-        if field.name in ("user_id", "event_timestamp"):
-            continue
-        source = "event_time" if field.name == "seq_event_time_ms" else field.name
-        values = columns[source].take(take)
-        if source == "event_time":
-            values = values.cast(pa.int64())
-        flat = values.cast(field.type.value_type)
-        arrays.append(pa.ListArray.from_arrays(list_offsets, flat))
-    return pa.Table.from_arrays(arrays, schema=spec.schema)
+    time_type = spec.schema.field("event_timestamp").type
+    for lo in range(0, users.size, max(1, rows_per_part)):
+        hi = min(lo + rows_per_part, users.size)
+        positions, offsets, columns = window_positions(
+            users[lo:hi], cuts[lo:hi], timelines, USER_SEQUENCE_LENGTH
+        )
+        take = pa.array(positions, pa.int64())
+        list_offsets = pa.array(offsets.astype(np.int32))
+        arrays: list[pa.Array] = [
+            pa.array(users[lo:hi], pa.int64()),
+            pa.array(ends[lo:hi], pa.int64()).cast(time_type),
+        ]
+        for field in spec.schema:
+            if field.name in ("user_id", "event_timestamp"):
+                continue
+            source = "event_time" if field.name == "seq_event_time_ms" else field.name
+            values = columns[source].take(take)
+            if source == "event_time":
+                values = values.cast(pa.int64())
+            flat = values.cast(field.type.value_type)
+            arrays.append(pa.ListArray.from_arrays(list_offsets, flat))
+        yield pa.Table.from_arrays(arrays, schema=spec.schema)
 
 
-def _all_user_sequences(element: tuple[int, Iterable[bytes]]) -> pa.Table:
-    """The ``user_sequence`` table of every user, from all shards' timelines."""
-    _, parts = element
-    timelines = concat([ipc_to_table(p) for p in parts], TIMELINE_SCHEMA)
-    return user_sequences(timelines)
+class WriteUserSequencesFn(BackgroundWriteFn):
+    """All shards' timelines -> ``feature_tables/user_sequence.parquet``.
 
-
-class BuildUserSequences(beam.PTransform):  # type: ignore[misc]
-    """``(shard, timelines)`` -> the whole ``user_sequence`` feature table.
-
-    One element: the table is one file sorted by (user, snapshot time), so
-    the shards' timelines (about a fifth of the snapshots' bytes) are
-    gathered and the snapshots cut once, already in that order; gathering
-    per-shard snapshots instead would ship and reorder ~5x the bytes.
+    Snapshots are cut in parts and each part is written (one Parquet row
+    group) on the writer thread while the next is cut: the file never exists
+    whole in memory, and the write overlaps the cutting.
     """
+
+    def __init__(self, output: str) -> None:
+        self._output = output
+
+    def process(self, element: tuple[int, Iterable[bytes]]) -> Iterator[str]:
+        """Cut and write the table; yield its path."""
+        _, pieces = element
+        timelines = concat([ipc_to_table(p) for p in pieces], TIMELINE_SCHEMA)
+        path = f"{self._output}/feature_tables/user_sequence.parquet"
+        schema = FEATURE_TABLES["user_sequence"].schema
+        file = ParquetFileWriter(schema, PLAIN_COLUMNS["user_sequence"])
+        for part in user_sequence_parts(timelines):
+            self.submit(file.write, part)
+        self.submit(file.close, path)
+        yield path
+
+
+class WriteUserSequences(beam.PTransform):  # type: ignore[misc]
+    """``(shard, timelines)`` -> ``feature_tables/user_sequence.parquet``.
+
+    One file sorted by (user, snapshot time), so the shards' timelines (about
+    a fifth of the snapshots' bytes) are gathered under one key and the
+    snapshots cut once, already in that order; gathering per-shard snapshots
+    instead would ship and reorder ~5x the bytes.
+    """
+
+    def __init__(self, output: str) -> None:
+        super().__init__()
+        self._output = output
 
     def expand(self, timelines: beam.PCollection) -> beam.PCollection:
         """Gather every shard's timelines (IPC) under one key, then snapshot."""
@@ -344,5 +404,5 @@ class BuildUserSequences(beam.PTransform):  # type: ignore[misc]
             (pieces, none)
             | "AllTimelines" >> beam.Flatten().with_output_types(ShardedIpc)
             | "GatherTimelines" >> beam.GroupByKey()
-            | "Snapshots" >> beam.Map(_all_user_sequences).with_output_types(pa.Table)
+            | "Snapshots" >> beam.ParDo(WriteUserSequencesFn(self._output))
         )

@@ -33,6 +33,7 @@ from features.events import (
     validate_event_table,
 )
 from pipelines.beam.arrow import ipc_to_table, table_to_ipc
+from pipelines.beam.parallel import PooledDoFn
 
 METRICS_NAMESPACE = "gem.build"
 DEAD_LETTERS = "dead_letters"
@@ -111,8 +112,10 @@ def dead_letter_line(record: dict[str, Any] | None, payload: bytes, reason: str)
     return json.dumps(body, separators=(",", ":"), ensure_ascii=False)
 
 
-class ValidateEventsFn(beam.DoFn):  # type: ignore[misc]
-    """Split each :class:`RawEvents` into a valid table and dead-letter lines."""
+class ValidateEventsFn(PooledDoFn):
+    """Split each :class:`RawEvents` into a valid table and dead-letter lines
+    (on a worker thread, :class:`~pipelines.beam.parallel.PooledDoFn`, while
+    the next batch is read and the last one sharded)."""
 
     def __init__(self, now: int | None) -> None:
         self._now = now
@@ -120,18 +123,17 @@ class ValidateEventsFn(beam.DoFn):  # type: ignore[misc]
         self.valid = Metrics.counter(METRICS_NAMESPACE, "events_valid")
         self.dead = Metrics.counter(METRICS_NAMESPACE, "events_dead_lettered")
 
-    def process(self, batch: RawEvents) -> Iterator[Any]:
-        """Yield the valid table (main) and one line per rejected event (tagged)."""
+    def compute(self, batch: RawEvents) -> tuple[pa.Table | None, list[str], int]:
+        """The valid rows, the dead-letter lines, and the events read."""
         now = self._now if self._now is not None else now_ms()
+        lines: list[str] = []
         if batch.table is not None:
             valid, rejected = validate_event_table(batch.table, now=now)
             reasons = rejected.column("reason").to_pylist()
             wire = encode_event_table(rejected.drop_columns(["reason"]))
             for line, reason in zip(wire, reasons, strict=True):
-                yield pvalue.TaggedOutput(
-                    DEAD_LETTERS, dead_letter_line(json.loads(line), line, reason)
-                )
-            read, dead = batch.table.num_rows, rejected.num_rows
+                lines.append(dead_letter_line(json.loads(line), line, reason))
+            read = batch.table.num_rows
         else:
             payloads = batch.payloads or ()
             records: list[dict[str, Any]] = []
@@ -141,17 +143,25 @@ class ValidateEventsFn(beam.DoFn):  # type: ignore[misc]
                     records.append(decoded.event)
                     continue
                 assert decoded.reason is not None
-                yield pvalue.TaggedOutput(
-                    DEAD_LETTERS,
-                    dead_letter_line(_json_object(payload), payload, decoded.reason),
+                lines.append(
+                    dead_letter_line(_json_object(payload), payload, decoded.reason)
                 )
             valid = events_from_records(records) if records else None
-            read, dead = len(payloads), len(payloads) - len(records)
+            read = len(payloads)
+        if valid is not None:
+            valid = valid.select(list(EVENT_COLUMNS)).cast(EVENT_SCHEMA)
+        return valid, lines, read
+
+    def emit(self, result: tuple[pa.Table | None, list[str], int]) -> Iterator[Any]:
+        """Count; one line per rejected event (tagged), then the valid table."""
+        valid, lines, read = result
         self.read.inc(read)
-        self.dead.inc(dead)
-        self.valid.inc(read - dead)
+        self.dead.inc(len(lines))
+        self.valid.inc(read - len(lines))
+        for line in lines:
+            yield pvalue.TaggedOutput(DEAD_LETTERS, line)
         if valid is not None and valid.num_rows:
-            yield valid.select(list(EVENT_COLUMNS)).cast(EVENT_SCHEMA)
+            yield valid
 
 
 def _json_object(payload: bytes) -> dict[str, Any] | None:
