@@ -342,6 +342,7 @@ def fit_args(args: argparse.Namespace) -> dict[str, Any]:
         "epochs": args.epochs,
         "batch_size": args.batch_size,
         "lr": args.lr,
+        "lr_schedule": args.lr_schedule,
         "max_steps_per_epoch": args.steps,
         "validation_sample": args.validation_sample,
         "train_ne_sample": 5_000,
@@ -566,6 +567,12 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="comma-separated learning-rate grid; each model keeps the rate "
         "with the best validation NE (default: --lr alone)",
+    )
+    p.add_argument(
+        "--lr-schedule",
+        choices=("constant", "cosine"),
+        default="constant",
+        help="the same schedule for every model (trainer.fit --lr-schedule)",
     )
     p.add_argument("--device", default="auto", help="auto | cpu | cuda[:N]")
     p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")

@@ -3,8 +3,8 @@
 Usage::
 
     python -m benchmarks.gpu_check [--preset default|large] [--batch-size 1024]
-        [--steps 50] [--no-compile] [--peak-tflops T]
-    python -m benchmarks.gpu_check --smoke        # seconds, on CPU
+        [--steps 50] [--no-compile] [--peak-tflops T] [--device cpu]
+    python -m benchmarks.gpu_check --smoke        # seconds, on CPU, eager
 
 Written for a CUDA machine with torch (2.11+) but **without torchrec or
 fbgemm**. Where torchrec and fbgemm's *CPU* wheel can be installed (enough for
@@ -29,10 +29,16 @@ So this script:
   the preset's sizes, fed synthetic ids and skewed history lengths.
 
 Each step is forward + domain-masked BCE + backward + Adam, under bf16
-autocast on CUDA and ``torch.compile`` (dynamic shapes: jagged totals change
-every batch) unless ``--no-compile``. MFU = counted FLOPs (FlopCounterMode on
-one eager step: matmul family only, so a lower bound) x steps/s / peak dense
-bf16 FLOP/s of the GPU (a small table by device name, else ``--peak-tflops``).
+autocast on CUDA and ``torch.compile`` unless ``--no-compile``. The compile
+is set up as for the real model: :func:`trainer.ops.capture_jagged_sizes`
+(the jagged ops' data-dependent totals become unbacked SymInts, no graph
+breaks), the jagged total of every batch marked dynamic, and the history
+bound ``max_len`` a constant (``--max-len``), so one graph serves every
+batch. The first step's time (compile included) is reported apart from the
+steady state, with the number of frames compiled during the timed steps
+(0 means no recompiles). MFU = counted FLOPs (FlopCounterMode on one eager
+step: matmul family only, so a lower bound) x steps/s / peak dense bf16
+FLOP/s of the GPU (a small table by device name, else ``--peak-tflops``).
 """
 
 from __future__ import annotations
@@ -97,7 +103,7 @@ from trainer.modules.embeddings import TARGET_FEATURES, JaggedTokens, capped_siz
 from trainer.modules.heads import MultiDomainHeads, multi_domain_loss  # noqa: E402
 from trainer.modules.interformer import InterFormer  # noqa: E402
 from trainer.modules.pyramid import PyramidEncoder  # noqa: E402
-from trainer.ops import Kernel  # noqa: E402
+from trainer.ops import Kernel, capture_jagged_sizes  # noqa: E402
 
 
 class PlainGEM(nn.Module):
@@ -157,7 +163,11 @@ def synthetic_batch(
     gen: torch.Generator,
     max_len: int,
 ) -> dict[str, Any]:
-    """Random ids; history lengths mostly < 100, ~1 % at ``max_len``."""
+    """Random ids; history lengths mostly < 100, ~1 % at ``max_len``.
+
+    ``max_len`` (the history bound) is what the model gets as the bound, not
+    the batch's longest history: a constant, so it never triggers a recompile.
+    """
     lengths = torch.randint(1, 100, (batch,), generator=gen)
     lengths[torch.rand(batch, generator=gen) < 0.01] = max_len
     offsets = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])
@@ -185,7 +195,7 @@ def synthetic_batch(
         "sparse": sparse.to(device),
         "seq_ids": seq.to(device),
         "offsets": offsets.to(device),
-        "max_len": int(lengths.max()),
+        "max_len": max_len,
         "dense": torch.rand(batch, len(DENSE_FEATURES), generator=gen).to(device),
         "domain": torch.randint(0, 3, (batch,), generator=gen).to(device),
         "labels": (torch.rand(batch, 2, generator=gen) < 0.05).float().to(device),
@@ -200,14 +210,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-len", type=int, default=4096)
     p.add_argument("--no-compile", action="store_true")
     p.add_argument("--peak-tflops", type=float, default=None)
+    p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
     p.add_argument("--smoke", action="store_true", help="tiny, CPU, few steps, eager")
     args = p.parse_args(argv)
     if args.smoke:
         args.preset, args.batch_size, args.steps, args.max_len = "tiny", 16, 2, 64
-        args.no_compile = True
-    device = torch.device(
-        "cuda" if torch.cuda.is_available() and not args.smoke else "cpu"
-    )
+        args.no_compile, args.device = True, "cpu"
+    if args.device == "auto":
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(args.device)
     config = dataclasses.replace(preset(args.preset), kernel=Kernel.PYTORCH)
     torch.manual_seed(0)
     model = PlainGEM(config).to(device)
@@ -220,9 +231,15 @@ def main(argv: list[str] | None = None) -> int:
     autocast = torch.autocast(
         device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"
     )
-    forward = model if args.no_compile else torch.compile(model, dynamic=True)
+    if args.no_compile:
+        forward = model
+    else:
+        capture_jagged_sizes()
+        forward = torch.compile(model)
 
     def step(b: dict[str, Any]) -> torch.Tensor:
+        # The jagged total differs in every batch: symbolic from the start.
+        torch._dynamo.maybe_mark_dynamic(b["seq_ids"], 0)
         opt.zero_grad(set_to_none=True)
         with autocast:
             logits = forward(
@@ -238,6 +255,10 @@ def main(argv: list[str] | None = None) -> int:
         opt.step()
         return loss.detach()
 
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
     with FlopCounterMode(display=False) as counter:  # eager, one step
         opt.zero_grad(set_to_none=True)
         b = batches[0]
@@ -251,17 +272,24 @@ def main(argv: list[str] | None = None) -> int:
         )
         F.binary_cross_entropy_with_logits(logits[:, 0], b["labels"]).backward()
     flops_per_example = counter.get_total_flops() / args.batch_size
-    compile_started = time.perf_counter()
-    step(batches[0])  # warm-up (and compile)
-    warm_s = time.perf_counter() - compile_started
+    frames = torch._dynamo.utils.counters["frames"]
+    started = time.perf_counter()
+    step(batches[0])  # compiles forward and backward (unless --no-compile)
+    sync()
+    first_s = time.perf_counter() - started
+    started = time.perf_counter()
+    step(batches[1 % len(batches)])  # a new jagged total: must not recompile
+    sync()
+    second_s = time.perf_counter() - started
+    compiled_frames = frames["total"]
     if device.type == "cuda":
-        torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
     started = time.perf_counter()
     for i in range(args.steps):
         loss = step(batches[i % len(batches)])
     float(loss)  # one sync at the end
     seconds = time.perf_counter() - started
+    recompiles = frames["total"] - compiled_frames
     eps = args.steps * args.batch_size / seconds
     name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
     peak = args.peak_tflops or next(
@@ -282,10 +310,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(
         f"params {sum(q.numel() for q in model.parameters()) / 1e6:.1f} M, "
-        f"{flops_per_example / 1e6:.1f} MFLOP/example (fwd+bwd, counted), "
-        f"warm-up {warm_s:.1f} s"
+        f"{flops_per_example / 1e6:.1f} MFLOP/example (fwd+bwd, counted)"
     )
-    print(f"{eps:,.0f} examples/s, MFU {mfu}")
+    print(
+        f"first step {first_s:.1f} s"
+        f"{'' if args.no_compile else ' (compile included)'}, second batch "
+        f"{second_s:.2f} s; frames compiled {compiled_frames}, "
+        f"recompiles while timing {recompiles}"
+    )
+    print(f"steady state: {eps:,.0f} examples/s, MFU {mfu}")
     if device.type == "cuda":
         print(f"peak memory {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB")
     return 0

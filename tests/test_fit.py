@@ -137,6 +137,32 @@ def test_time_limit_stops_before_the_next_epoch(
     assert report["config"]["device"] == "cpu"
 
 
+def test_cosine_schedule_anneals_every_step_to_zero(
+    split: tuple[Path, Path, int], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    train, evals, _ = split
+    seen_lrs: list[float] = []
+    real_step = fit_module.train_step
+
+    def recording_step(model, batch, optimizer, max_grad_norm):  # type: ignore[no-untyped-def]
+        seen_lrs.append(optimizer.param_groups[0]["lr"])
+        return real_step(model, batch, optimizer, max_grad_norm)
+
+    monkeypatch.setattr(fit_module, "train_step", recording_step)
+    _run(
+        train,
+        evals,
+        tmp_path / "c.json",
+        *("--model", "dlrm", "--epochs", "2", "--max-steps-per-epoch", "2"),
+        *("--lr", "0.01", "--lr-schedule", "cosine", "--device", "cpu"),
+    )
+    # 4 steps: 0.01 * (1 + cos(pi * k / 4)) / 2 for k = 0..3.
+    assert seen_lrs == pytest.approx([0.01, 0.0085355, 0.005, 0.0014645], rel=1e-4)
+    assert fit_module.lr_factor("cosine", 4, 4) == pytest.approx(0.0)
+    with pytest.raises(ValueError, match="unknown lr schedule"):
+        fit_module.lr_factor("step", 0, 4)
+
+
 def test_recalibration_calibrates_the_validation_period_and_keeps_rankings(
     tmp_path: Path,
 ) -> None:

@@ -17,7 +17,14 @@ from trainer.models.train import GEMTrain
 from trainer.modules.embeddings import JaggedTokens
 from trainer.modules.interformer import InterFormer
 from trainer.ops import Kernel
-from trainer.train_step import collect_predictions, eval_step, evaluate, train_step
+from trainer.train_step import (
+    collect_predictions,
+    compile_model,
+    eval_step,
+    evaluate,
+    mark_dynamic_batch,
+    train_step,
+)
 
 # Histories of every kind: empty, short, and the 4096 maximum.
 LENGTHS = [3, 0, 4096, 1, 17, 0]
@@ -152,13 +159,19 @@ def test_golden_loss() -> None:
 
 
 def test_torch_compile_smoke() -> None:
-    """Dynamo + AOT autograd over the full GEM (about 15 s on 2 cores)."""
+    """Dynamo + AOT autograd (forward and backward graphs) over the full GEM."""
     torch.manual_seed(0)
-    batch = random_batch([4, 0, 9], seed=8)
-    model = build_model("gem", "tiny").eval()
-    compiled = torch.compile(model, backend="aot_eager")
-    with torch.no_grad():
-        torch.testing.assert_close(compiled(batch), model(batch))
+    batch = mark_dynamic_batch(random_batch([4, 0, 9], seed=8))
+    model = GEMTrain(build_model("gem", "tiny"))
+    loss, _ = model(batch)
+    loss.backward()
+    expected = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    got, _ = compile_model(model, backend="aot_eager")(batch)
+    got.backward()
+    torch.testing.assert_close(got, loss)
+    for name, param in model.named_parameters():
+        torch.testing.assert_close(param.grad, expected[name], msg=name)
 
 
 @pytest.mark.slow
@@ -170,7 +183,7 @@ def test_torch_compile_gem_inductor() -> None:
     torch.manual_seed(0)
     batch = random_batch([4, 0, 9, 300], seed=8)
     model = build_model("gem", "tiny").eval()
-    compiled = torch.compile(model)
+    compiled = compile_model(model)
     with torch.no_grad():
         torch.testing.assert_close(compiled(batch), model(batch), atol=1e-4, rtol=1e-4)
 

@@ -9,7 +9,7 @@ the host: they are for evaluation, not the training step.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -21,6 +21,7 @@ from features.vocab import DOMAINS, TRAINING_OBJECTIVES
 from trainer.batch import Batch
 from trainer.models.train import GEMTrain
 from trainer.modules.heads import own_domain
+from trainer.ops import capture_jagged_sizes
 
 
 class StepOutput(NamedTuple):
@@ -60,13 +61,53 @@ def train_step(
     """
     model.train()
     optimizer.zero_grad(set_to_none=True)
-    loss, outputs = model(batch)
+    loss, outputs = model(mark_dynamic_batch(batch))
     loss.backward()
     grad_norm = nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
     optimizer.step()
     return StepOutput(
         outputs.loss, outputs.per_task, outputs.logits, grad_norm.detach()
     )
+
+
+def mark_dynamic_batch(batch: Batch) -> Batch:
+    """Tell ``torch.compile`` which sizes of ``batch`` change from batch to batch.
+
+    The history's total length ``L`` (the sequence KJT's values) differs in
+    every batch. Marked, the first compile already treats it as symbolic;
+    unmarked, dynamo compiles once for the first ``L`` and again (dynamic)
+    on the second batch. A no-op for eager models. Returns ``batch``.
+
+    Example:
+        >>> from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+        >>> kjt = KeyedJaggedTensor.from_lengths_sync(
+        ...     keys=["a"], values=torch.arange(3), lengths=torch.tensor([3]))
+        >>> batch = Batch(kjt, kjt, torch.zeros(1, 1), torch.zeros(1, 2),
+        ...               torch.zeros(1, dtype=torch.long))
+        >>> mark_dynamic_batch(batch) is batch
+        True
+    """
+    torch._dynamo.maybe_mark_dynamic(batch.sequence.values(), 0)
+    return batch
+
+
+def compile_model(model: nn.Module, **kwargs: Any) -> nn.Module:
+    """``torch.compile(model, **kwargs)`` set up for the jagged models.
+
+    Calls :func:`trainer.ops.capture_jagged_sizes` first (process wide:
+    dynamo captures ``.item()`` / ``.tolist()`` as unbacked SymInts), so that
+    the jagged ops' data-dependent sizes and TorchRec's KJT splits trace into
+    one graph instead of breaking it. Pair with :func:`mark_dynamic_batch` on
+    every batch (``train_step`` and ``eval_step`` do it) so that new history
+    lengths reuse the compiled graph.
+
+    Example:
+        >>> compiled = compile_model(nn.Linear(2, 2), backend="eager")
+        >>> compiled(torch.zeros(1, 2)).shape
+        torch.Size([1, 2])
+    """
+    capture_jagged_sizes()
+    return torch.compile(model, **kwargs)  # type: ignore[return-value]
 
 
 class EvalOutput(NamedTuple):
@@ -86,7 +127,7 @@ def eval_step(model: nn.Module, batch: Batch) -> EvalOutput:
     bare = model.model if isinstance(model, GEMTrain) else model
     was_training = bare.training
     bare.eval()
-    logits = bare(batch)
+    logits = bare(mark_dynamic_batch(batch))
     bare.train(was_training)
     # float32 before the sigmoid: under bf16 autocast a probability of 1e-2
     # would keep only ~3 significant digits, visible in NE and calibration.

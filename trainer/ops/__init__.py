@@ -19,10 +19,11 @@ from trainer.ops.jagged import (
     segment_ids,
     segment_sum,
 )
-from trainer.ops.kernel import Kernel, fbgemm_op
+from trainer.ops.kernel import Kernel, capture_jagged_sizes, fbgemm_op
 
 __all__ = [
     "Kernel",
+    "capture_jagged_sizes",
     "dense_to_jagged",
     "fbgemm_op",
     "jagged_cross_attention",

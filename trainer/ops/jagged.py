@@ -140,7 +140,8 @@ def jagged_pool(
     """Strided mean pooling aligned to the newest token: ``L[b] → ceil(L[b]/r)``.
 
     Returns ``(values', offsets')``. Reference only; the output size is data
-    dependent (one host sync).
+    dependent: one host sync in eager mode, an unbacked SymInt under
+    ``torch.compile`` after :func:`trainer.ops.capture_jagged_sizes`.
     """
     return pt.pytorch_jagged_pool(values, offsets, ratio)
 
@@ -175,5 +176,8 @@ def jagged_first_k(values: torch.Tensor, offsets: torch.Tensor, k: int) -> torch
 def jagged_truncate_last(
     values: torch.Tensor, offsets: torch.Tensor, k: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Keep the ``k`` newest tokens of each sequence: ``(values', offsets')``."""
+    """Keep the ``k`` newest tokens of each sequence: ``(values', offsets')``.
+
+    The output size is data dependent, as in :func:`jagged_pool`.
+    """
     return pt.pytorch_jagged_truncate_last(values, offsets, k)

@@ -34,8 +34,6 @@ def pytorch_jagged_local_attention(
     padding to the longest sequence.
     """
     total = q.shape[0]
-    if total == 0:
-        return q.new_zeros(q.shape)
     seg = pytorch_segment_ids(offsets, total)
     idx = torch.arange(total, device=q.device).unsqueeze(1) - torch.arange(
         window, device=q.device
@@ -85,12 +83,11 @@ def pytorch_jagged_self_attention(
     the longest sequence.
     """
     total, heads, dh = q.shape
-    if total == 0:
-        return q.new_zeros(q.shape)
+    batch = offsets.numel() - 1
     flat = (total, heads * dh)
     pad = [
         pytorch_jagged_to_padded_dense(t.reshape(flat), offsets, max_len, 0.0)
-        .view(-1, max_len, heads, dh)
+        .view(batch, max_len, heads, dh)
         .transpose(1, 2)
         for t in (q, k, v)
     ]
@@ -101,5 +98,5 @@ def pytorch_jagged_self_attention(
     fill = torch.finfo(scores.dtype).min
     scores = scores.masked_fill(~key_ok[:, None, None, :], fill)
     out = torch.softmax(scores, dim=-1) @ pad[2]  # (B, H, N, Dh)
-    out = out.transpose(1, 2).reshape(-1, max_len, heads * dh)
+    out = out.transpose(1, 2).reshape(batch, max_len, heads * dh)
     return pytorch_dense_to_jagged(out, offsets, total).view(total, heads, dh)

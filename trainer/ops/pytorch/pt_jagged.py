@@ -15,6 +15,22 @@ from __future__ import annotations
 
 import torch
 
+# torch 2.13 deprecates ``_check_is_size`` for ``_check(i >= 0)``; older
+# releases (the GPU machine runs 2.11) use it to treat an unbacked size as a
+# size (size-oblivious guards).
+_SIZE_CHECK_DEPRECATED = hasattr(torch._check_is_size, "__deprecated__")
+
+
+def _total(offsets: torch.Tensor) -> int:
+    """``offsets[-1]`` as a size: a host sync in eager mode, an unbacked
+    SymInt under ``torch.compile`` (needs ``capture_scalar_outputs``)."""
+    total = int(offsets[-1].item())
+    if _SIZE_CHECK_DEPRECATED:
+        torch._check(total >= 0)  # type: ignore[no-untyped-call]
+    else:
+        torch._check_is_size(total)  # type: ignore[no-untyped-call]
+    return total
+
 
 def pytorch_segment_ids(offsets: torch.Tensor, total: int) -> torch.Tensor:
     """Sequence index of every token: (L,) int64."""
@@ -36,11 +52,13 @@ def pytorch_jagged_to_padded_dense(
     total = values.shape[0]
     seg = pytorch_segment_ids(offsets, total)
     pos = torch.arange(total, device=values.device) - offsets[seg]
-    keep = pos < max_len
-    out = values.new_full(
-        (offsets.numel() - 1, max_len, *values.shape[1:]), padding_value
-    )
-    return torch.index_put(out, (seg[keep], pos[keep]), values[keep])
+    batch = offsets.numel() - 1
+    # Tokens past max_len land in one spare row, dropped below: a boolean
+    # mask would give a data-dependent shape (a graph break under compile).
+    row = torch.where(pos < max_len, seg * max_len + pos, batch * max_len)
+    out = values.new_full((batch * max_len + 1, *values.shape[1:]), padding_value)
+    out = torch.index_put(out, (row,), values)
+    return out[:-1].view(batch, max_len, *values.shape[1:])
 
 
 def pytorch_dense_to_jagged(
@@ -112,7 +130,7 @@ def pytorch_jagged_pool(
     target = (
         new_offsets[seg + 1] - 1 - torch.div(from_end, ratio, rounding_mode="floor")
     )
-    new_total = int(new_offsets[-1])  # data-dependent size: one host sync
+    new_total = _total(new_offsets)
     summed = values.new_zeros((new_total, *values.shape[1:])).index_add(
         0, target, values
     )
@@ -153,12 +171,15 @@ def pytorch_jagged_last_k(
     starts = offsets[:-1].unsqueeze(1)
     idx = ends - k + torch.arange(k, device=values.device)
     valid = idx >= starts
-    if values.shape[0] == 0:
-        gathered = values.new_zeros((*idx.shape, *values.shape[1:]))
-    else:
-        gathered = values[idx.clamp(min=0)]
     mask = valid.view(*valid.shape, *([1] * (values.dim() - 1)))
-    return gathered * mask, valid
+    if not torch.compiler.is_compiling():
+        if values.shape[0] == 0:
+            return values.new_zeros((*idx.shape, *values.shape[1:])), valid
+        return values[idx.clamp(min=0)] * mask, valid
+    # Compiled, L may be a data-dependent size that cannot be tested for 0
+    # without a graph break: gather from [zero row ∥ values] instead.
+    source = torch.cat([values.new_zeros((1, *values.shape[1:])), values])
+    return source[torch.where(valid, idx + 1, 0)], valid
 
 
 def pytorch_jagged_first_k(
@@ -173,10 +194,13 @@ def pytorch_jagged_truncate_last(
     values: torch.Tensor, offsets: torch.Tensor, k: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Keep the ``k`` newest tokens of each sequence: ``(values', offsets')``."""
-    total = values.shape[0]
     lengths = offsets[1:] - offsets[:-1]
     new_lengths = lengths.clamp(max=k)
     new_offsets = torch.nn.functional.pad(torch.cumsum(new_lengths, 0), (1, 0))
-    seg = pytorch_segment_ids(offsets, total)
-    keep = torch.arange(total, device=values.device) >= offsets[seg + 1] - k
-    return values[keep], new_offsets
+    new_total = _total(new_offsets)
+    # Output token j of sequence b is input token j + (dropped tokens of
+    # sequences 0..b): a gather with a known size (a boolean mask would not be).
+    shift = offsets[1:] - new_offsets[1:]
+    seg = pytorch_segment_ids(new_offsets, new_total)
+    src = torch.arange(new_total, device=values.device) + shift[seg]
+    return values[src], new_offsets
