@@ -150,6 +150,10 @@ def publish_raw(
     return count
 
 
+# Seconds a consumer may wait for its group to assign it partitions.
+GROUP_JOIN_GRACE_S = 30.0
+
+
 def read_events(
     settings: KafkaSettings,
     topic: str,
@@ -163,7 +167,11 @@ def read_events(
     """Read ``topic`` from the start (or the group's committed offsets).
 
     Stops after ``expected`` messages, or ``idle_timeout`` seconds without one,
-    or ``max_seconds`` in all; commits the offsets it consumed.
+    or ``max_seconds`` in all; commits the offsets it consumed. The idle clock
+    starts once the group has assigned the consumer its partitions: joining
+    the group can take longer than ``idle_timeout`` on a busy broker, and no
+    message can arrive before it (a consumer never assigned gives up after
+    ``max(idle_timeout, GROUP_JOIN_GRACE_S)``).
 
     Args:
         settings: the cluster.
@@ -193,12 +201,19 @@ def read_events(
     out_of_order: set[int] = set()
     messages = total_bytes = 0
     start = last_message = time.monotonic()
+    assigned = False
     try:
         while True:
             now = time.monotonic()
+            if not assigned:
+                if consumer.assignment():
+                    assigned, last_message = True, now
+                elif now - start > max(idle_timeout, GROUP_JOIN_GRACE_S):
+                    break
             if expected is not None and messages >= expected:
                 break
-            if now - last_message > idle_timeout or now - start > max_seconds:
+            idle = assigned and now - last_message > idle_timeout
+            if idle or now - start > max_seconds:
                 break
             batches = consumer.poll(timeout_ms=200, max_records=10_000)
             for tp, batch in batches.items():
