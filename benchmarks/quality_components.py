@@ -72,11 +72,12 @@ def true_click_terms(gen_dir: Path) -> tuple[list[str], np.ndarray, list[str]]:
     number[time_order(base.time_ms)] = np.arange(base.time_ms.size)
     by_time = np.argsort(number[imp])
     values = np.stack([v[by_time] for v in terms.values()], axis=1)
-    ids = pq.read_table(gen_dir / "truth.parquet", columns=["impression_id"])
-    truth_p = pq.read_table(gen_dir / "truth.parquet", columns=["p_click"])
-    if not np.allclose(truth_p.column(0).to_numpy(), out.p_click[by_time]):
+    truth = pq.read_table(
+        gen_dir / "truth.parquet", columns=["impression_id", "p_click"]
+    )
+    if not np.allclose(truth.column("p_click").to_numpy(), out.p_click[by_time]):
         raise ValueError(f"{gen_dir}: the regenerated world differs from its truth")
-    return list(terms), values, ids.column(0).to_pylist()
+    return list(terms), values, truth.column("impression_id").to_pylist()
 
 
 def capture(logits: np.ndarray, terms: np.ndarray) -> tuple[np.ndarray, float]:
