@@ -17,9 +17,8 @@ Usage::
    40, capped at 99, two sequences at 4096), forward + backward, default dims:
    - op level: the pyramid's causal local-window attention,
      ``trainer.ops.jagged_local_attention`` on (L, H, Dh) jagged tokens, vs
-     the same banded attention on the batch padded to its maximum
-     ``(B, Tmax, H, Dh)`` with padding masked (outputs checked equal on the
-     real tokens);
+     the same op on the batch padded to its maximum ``(B, Tmax, H, Dh)``
+     (outputs checked equal on the real tokens);
    - module level: the whole ``PyramidEncoder`` on the jagged batch vs on the
      batch padded to Tmax (every sequence Tmax long: the compute a padded
      encoder does; a cost peer, its outputs are not the jagged ones).
@@ -32,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import platform
 import resource
 import subprocess
@@ -159,16 +157,20 @@ def padded_local_attention(
     lengths: torch.Tensor,
     window: int,
 ) -> torch.Tensor:
-    """Causal banded attention on padded (B, T, H, Dh), padding masked."""
-    b, t, _, dh = q.shape
-    idx = torch.arange(t).unsqueeze(1) - torch.arange(window)  # (T, W)
-    in_seq = (idx < lengths.view(b, 1, 1)).unsqueeze(-1)  # (B, T, W, 1)
-    valid = (idx >= 0).view(1, t, window, 1) & in_seq
-    idx = idx.clamp(min=0)
-    kb, vb = k[:, idx], v[:, idx]  # (B, T, W, H, Dh)
-    scores = torch.einsum("bthd,btwhd->btwh", q, kb) / math.sqrt(dh)
-    weights = torch.softmax(scores.masked_fill(~valid, float("-inf")), dim=2)
-    return torch.einsum("btwh,btwhd->bthd", weights, vb)
+    """The same causal local attention on padded (B, T, H, Dh).
+
+    The jagged op's own algorithm run on every sequence padded to ``T``:
+    each padded row is one sequence of ``T`` tokens. Padding sits after the
+    real tokens and the attention is causal, so real tokens never see it and
+    ``lengths`` needs no mask here (padding outputs are dropped).
+    """
+    del lengths  # causality already hides the padding
+    b, t, heads, dh = q.shape
+    offsets = torch.arange(b + 1, device=q.device) * t
+    out = jagged_local_attention(
+        *(x.reshape(b * t, heads, dh) for x in (q, k, v)), offsets, window
+    )
+    return out.view(b, t, heads, dh)
 
 
 def _rss_bytes() -> int:

@@ -265,6 +265,27 @@ def test_fit_is_deterministic(split: tuple[Path, Path, int], tmp_path: Path) -> 
     assert a["train"]["epoch_loss"] == b["train"]["epoch_loss"]
 
 
+def test_compiled_fit_trains_the_same_model(
+    split: tuple[Path, Path, int], tmp_path: Path
+) -> None:
+    """``--compile``: dynamo + AOT autograd (aot_eager: no code generation)
+    trace the same arithmetic as eager mode. DLRM keeps it to ~30 s; GEM's
+    own graph is checked in test_compile.py and test_model_gem.py."""
+    train, evals, _ = split
+    args = ("--model", "dlrm", "--max-steps-per-epoch", "4", "--seed", "3")
+    eager = _run(train, evals, tmp_path / "eager.json", *args)
+    compiled = _run(
+        train, evals, tmp_path / "compiled.json", *args, "--compile", "aot_eager"
+    )
+    assert compiled["config"]["fit"]["compile"] == "aot_eager"
+    assert compiled["train"]["epoch_loss"] == pytest.approx(
+        eager["train"]["epoch_loss"], rel=1e-4
+    )
+    for objective, metrics in eager["overall"].items():
+        got = compiled["overall"][objective]
+        assert got["ne"] == pytest.approx(metrics["ne"], rel=1e-3)
+
+
 def test_fit_cli_baseline(split: tuple[Path, Path, int], tmp_path: Path) -> None:
     """The module entry point, as a subprocess, with the paper's optimizer split."""
     train, evals, _ = split

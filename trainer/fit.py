@@ -55,6 +55,13 @@ machines: no new epoch starts once the limit has passed (the report says
 how many epochs ran); the epoch budget, not the clock, is the comparison
 rule between models.
 
+``--compile [BACKEND]``: the model runs under ``torch.compile`` (default
+backend ``inductor``; ``aot_eager`` traces without generating code), set up
+by :func:`trainer.train_step.compile_model` so that every batch's jagged
+sizes reuse one graph. Train and eval mode, and a smaller last batch, each
+compile once more. Worth it on a GPU; on this CPU it saves ~15 % of a
+default-preset step once the first steps have paid for the compile.
+
 Deterministic for a seed (on the CPU): the model init (``torch.manual_seed``), the epoch
 order (``(seed, epoch)``-seeded permutation) and the row order on disk
 (sorted on read) are all fixed; CPU kernels are deterministic at a fixed
@@ -87,7 +94,12 @@ from trainer.data import ExampleDataset
 from trainer.models.base_rate import BaseRateOffset
 from trainer.models.registry import MODEL_NAMES, build_model, model_config
 from trainer.models.train import GEMTrain
-from trainer.train_step import collect_predictions, eval_step, train_step
+from trainer.train_step import (
+    collect_predictions,
+    compile_model,
+    eval_step,
+    train_step,
+)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -116,6 +128,7 @@ class FitConfig:
     precision: str = "fp32"  # fp32 | bf16 (autocast, GPU only)
     max_train_seconds: float | None = None  # no new epoch after this
     recalibrate: bool = False  # shift output biases to calibrate on validation
+    compile: str | None = None  # a torch.compile backend (inductor, ...); None: eager
 
 
 def resolve_device(name: str) -> torch.device:
@@ -337,6 +350,9 @@ def fit(
     model = GEMTrain(
         BaseRateOffset(build_model(cfg.model, config), base_rate_logits(train))
     ).to(device)
+    if cfg.compile is not None:
+        # The loss and the optimizer stay eager; the model is the graph.
+        model.model = compile_model(model.model, backend=cfg.compile)
     optimizer = make_optimizer(model, cfg)
     base_lrs = [group["lr"] for group in optimizer.param_groups]
     steps_per_epoch = -(-len(train) // cfg.batch_size)
@@ -574,6 +590,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="after training, shift each task's output bias so the whole "
         "validation period is calibrated (needs --validation)",
+    )
+    p.add_argument(
+        "--compile",
+        nargs="?",
+        const="inductor",
+        default=None,
+        metavar="BACKEND",
+        help="run the model under torch.compile (backend: inductor when not "
+        "given; aot_eager traces without code generation)",
     )
     p.add_argument("--metrics-out", type=Path, required=True)
     args = vars(p.parse_args(argv))

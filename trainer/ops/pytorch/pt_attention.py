@@ -10,8 +10,10 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 
 from trainer.ops.pytorch.pt_jagged import (
+    check_size,
     pytorch_dense_to_jagged,
     pytorch_jagged_softmax,
     pytorch_jagged_to_padded_dense,
@@ -30,20 +32,54 @@ def pytorch_jagged_local_attention(
     """Causal sliding-window attention inside each sequence.
 
     Token ``i`` attends to itself and the ``window - 1`` tokens before it in
-    its own sequence. Jagged-native: gathers a (L, window, H, Dh) band, no
-    padding to the longest sequence.
+    its own sequence. Jagged-native, no padding to the longest sequence: the
+    packed tokens are cut into chunks of ``window`` (the last one topped up
+    with fewer than ``window`` zeros), and each chunk's queries attend to
+    that chunk and the one before it (every key a query can see is there)
+    under a mask for the band and the sequence boundary. That is one
+    ``scaled_dot_product_attention`` over (L / window, H, window, 2 window):
+    twice the band's multiply-adds, but as batched matmuls instead of a
+    gathered (L, window, H, Dh) copy of the keys and values, which made the
+    op 9-15x slower on CPU at window 16.
     """
-    total = q.shape[0]
+    total, heads, dh = q.shape
+    chunk = window
+    num_chunks = (total + chunk - 1) // chunk
+    pad = num_chunks * chunk - total
+    check_size(pad)
     seg = pytorch_segment_ids(offsets, total)
-    idx = torch.arange(total, device=q.device).unsqueeze(1) - torch.arange(
-        window, device=q.device
+    # First token of every token's sequence; the top-up tokens are a
+    # sequence of their own (they start at ``total``), so no real query sees
+    # them.
+    first = torch.cat([offsets[seg], offsets.new_full((pad,), total)])
+    first = first.view(num_chunks, chunk, 1)
+
+    def with_previous_chunk(t: torch.Tensor) -> torch.Tensor:
+        # A zero chunk in front, then chunk i's keys are chunks i-1 and i.
+        # (torch.cat, not F.pad: under torch.compile ``pad`` is a
+        # data-dependent size, which F.pad cannot take.)
+        chunks = torch.cat(
+            [t.new_zeros(chunk, heads, dh), t, t.new_zeros(pad, heads, dh)]
+        ).view(num_chunks + 1, chunk, heads, dh)
+        return torch.cat([chunks[:-1], chunks[1:]], dim=1).transpose(1, 2)
+
+    position = torch.arange(num_chunks * chunk, device=q.device).view(num_chunks, chunk)
+    query_pos = position.unsqueeze(2)  # (C, W, 1)
+    key_pos = (position[:, :1] - chunk + torch.arange(2 * chunk, device=q.device))[
+        :, None, :
+    ]  # (C, 1, 2W)
+    visible = (
+        (key_pos <= query_pos) & (key_pos > query_pos - window) & (key_pos >= first)
     )
-    valid = idx >= offsets[seg].unsqueeze(1)  # (L, W); column 0 always valid
-    idx = idx.clamp(min=0)
-    scores = torch.einsum("lhd,lwhd->lwh", q, k[idx]) / math.sqrt(q.shape[-1])
-    scores = scores.masked_fill(~valid.unsqueeze(-1), float("-inf"))
-    weights = torch.softmax(scores, dim=1)
-    return torch.einsum("lwh,lwhd->lhd", weights, v[idx])
+    queries = torch.cat([q, q.new_zeros(pad, heads, dh)])
+    queries = queries.view(num_chunks, chunk, heads, dh)
+    out = F.scaled_dot_product_attention(
+        queries.transpose(1, 2),
+        with_previous_chunk(k),
+        with_previous_chunk(v),
+        attn_mask=visible.unsqueeze(1),
+    )
+    return out.transpose(1, 2).reshape(num_chunks * chunk, heads, dh)[:total]
 
 
 def pytorch_jagged_cross_attention(

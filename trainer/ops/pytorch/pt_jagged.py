@@ -21,14 +21,20 @@ import torch
 _SIZE_CHECK_DEPRECATED = hasattr(torch._check_is_size, "__deprecated__")
 
 
+def check_size(n: int) -> None:
+    """Tell ``torch.compile`` that a computed (maybe data-dependent) int is a
+    size, >= 0; a no-op check in eager mode."""
+    if _SIZE_CHECK_DEPRECATED:
+        torch._check(n >= 0)  # type: ignore[no-untyped-call]
+    else:
+        torch._check_is_size(n)  # type: ignore[no-untyped-call]
+
+
 def _total(offsets: torch.Tensor) -> int:
     """``offsets[-1]`` as a size: a host sync in eager mode, an unbacked
     SymInt under ``torch.compile`` (needs ``capture_scalar_outputs``)."""
     total = int(offsets[-1].item())
-    if _SIZE_CHECK_DEPRECATED:
-        torch._check(total >= 0)  # type: ignore[no-untyped-call]
-    else:
-        torch._check_is_size(total)  # type: ignore[no-untyped-call]
+    check_size(total)
     return total
 
 
