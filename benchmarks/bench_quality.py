@@ -110,6 +110,8 @@ def bayes_on(eval_dir: Path, truth_path: Path) -> dict[str, Any]:
 
 # GEM without the TargetMatch event feature: the evidence for that fix.
 NO_TARGET_MATCH = "gem_no_target_match"
+# GEM with the MatchShare token (EmbeddingConfig.match_share), on trial.
+MATCH_SHARE = "gem_match_share"
 
 
 def bayes_probs_aligned(eval_dir: Path, truth_path: Path) -> np.ndarray:
@@ -128,6 +130,7 @@ def run_models(
     cfg: ModelConfig,
     predictions: dict[str, dict[str, np.ndarray]],
     extra_target_match_ablation: bool = False,
+    extra_match_share: bool = False,
     models: list[str] | None = None,
     save: Path | None = None,
     combine: bool = False,
@@ -146,6 +149,9 @@ def run_models(
     if extra_target_match_ablation:
         off = dataclasses.replace(cfg.embedding, target_match=False)
         runs.append((NO_TARGET_MATCH, "gem", dataclasses.replace(cfg, embedding=off)))
+    if extra_match_share:
+        share = dataclasses.replace(cfg.embedding, match_share=True)
+        runs.append((MATCH_SHARE, "gem", dataclasses.replace(cfg, embedding=share)))
     default_lr = fit_args.pop("lr")
     lr_values = lrs or (default_lr,)
     reports: dict[str, Any] = {}
@@ -248,8 +254,12 @@ def bootstrap_vs_gem(
     bayes_probs: np.ndarray | None = None,
     resamples: int = 1000,
     seed: int = 0,
+    reference: str = "gem",
 ) -> dict[str, Any]:
     """Paired bootstrap over eval impressions of overall click NE differences.
+
+    ``reference``: the model the others are compared with (GEM, or a GEM
+    variant on trial).
 
     Poisson(1) weights per impression (the same weights for every model), so
     each difference's interval accounts for the shared sampling noise.
@@ -259,9 +269,9 @@ def bootstrap_vs_gem(
         (positive: GEM better), plus ``"gap_closed"`` (GEM's share of the
         DLRM → Bayes gap) when ``bayes_probs`` (row-aligned) is given.
     """
-    if "gem" not in predictions:
+    if reference not in predictions:
         return {}
-    gem = predictions["gem"]
+    gem = predictions[reference]
     y = gem["labels"][:, 0].astype(np.float64)
     rng = np.random.default_rng(seed)
     chunks = []
@@ -277,7 +287,7 @@ def bootstrap_vs_gem(
     gem_ne = ne(gem["probs"][:, 0])
     out: dict[str, Any] = {}
     for name, pred in predictions.items():
-        if name == "gem":
+        if name == reference:
             continue
         assert np.array_equal(pred["labels"][:, 0], gem["labels"][:, 0]), name
         out[name] = _interval(ne(pred["probs"][:, 0]) - gem_ne)
@@ -473,6 +483,7 @@ def generated(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         bench_config(args.max_seq_len),
         predictions,
         extra_target_match_ablation=args.target_match_ablation,
+        extra_match_share=args.match_share,
         **run_args(args, work / "gen_models"),
     )
     bayes = bayes_on(evals, work / "gen" / "truth.parquet")
@@ -491,6 +502,9 @@ def generated(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "bayes": bayes,
         "gem_gap_closed": gaps,
         "bootstrap": bootstrap_vs_gem(predictions, bayes_probs, args.bootstrap),
+        f"bootstrap_vs_{MATCH_SHARE}": bootstrap_vs_gem(
+            predictions, bayes_probs, args.bootstrap, reference=MATCH_SHARE
+        ),
         "beats_bayes": beats_bayes(reports, bayes),
     }
 
@@ -609,6 +623,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help=f"also train {NO_TARGET_MATCH} (generated section)",
     )
+    p.add_argument(
+        "--match-share",
+        action="store_true",
+        help=f"also train {MATCH_SHARE}: GEM with the MatchShare token "
+        "(generated section)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--movielens",
@@ -634,6 +654,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         print("models below Bayes NE:", g["beats_bayes"] or "none")
         print("paired bootstrap, all/click:", json.dumps(g["bootstrap"], indent=1))
+        if trial := g[f"bootstrap_vs_{MATCH_SHARE}"]:
+            print(f"vs {MATCH_SHARE}, all/click:", json.dumps(trial, indent=1))
     if args.section in ("all", "movielens"):
         m = result["movielens"] = movielens_section(args, args.work)
         if m is not None and "models" in m:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -25,6 +26,7 @@ from trainer.modules.embeddings import (
     DenseTokens,
     InputAdapter,
     JaggedTokens,
+    MatchShare,
     SequenceEmbeddings,
     SparseEmbeddings,
     TargetMatch,
@@ -176,6 +178,16 @@ CASES: dict[str, tuple[Callable[[], nn.Module], Callable[[], tuple[Any, ...]], A
         lambda: (BATCH.sequence, _candidate_category(BATCH)),
         (44, D),
     ),
+    "MatchShare": (
+        lambda: MatchShare(D, max_seq_len=4),
+        lambda: (torch.randint(0, 4, (L,)), torch.tensor([1, 2, 0, 3]), OFFSETS),
+        (B, D),
+    ),
+    "InputAdapter with MatchShare": (
+        lambda: InputAdapter(dataclasses.replace(CFG.embedding, match_share=True)),
+        lambda: (BATCH.sparse, BATCH.dense, BATCH.sequence),
+        ((4, 16, D), (4, D), (44, D)),
+    ),
     "DenseTokens": (
         lambda: DenseTokens(CFG.embedding),
         lambda: (torch.randn(B, len(DENSE_FEATURES)),),
@@ -251,9 +263,21 @@ def test_target_match_embeds_same_category_events_only() -> None:
     assert not torch.equal(seq(BATCH.sequence).values, with_match)
 
 
-def test_sequence_concat_combine() -> None:
-    import dataclasses
+def test_match_share_counts_the_newest_window_only() -> None:
+    share = MatchShare(D, max_seq_len=3)
+    category = torch.tensor([3, 3, 5, 3, 0, 7, 7])
+    offsets = torch.tensor([0, 5, 5, 7])
+    candidate = torch.tensor([3, 3, 7])
+    matched, events = share.counts(category, candidate, offsets)
+    # Example 0's window is its newest 3 events (5, 3, 0): one match, and
+    # the two older 3s are outside it; 1 is empty; 2 matches both events.
+    assert matched.tolist() == [1.0, 0.0, 2.0]
+    assert events.tolist() == [3.0, 0.0, 2.0]
+    # A missing candidate category (0) matches nothing, not the 0 event.
+    assert share.counts(category, torch.tensor([0, 0, 0]), offsets)[0].sum() == 0
 
+
+def test_sequence_concat_combine() -> None:
     cfg = dataclasses.replace(CFG.embedding, sequence_combine="concat", max_seq_len=5)
     out = SequenceEmbeddings(cfg)(BATCH.sequence)
     assert out.offsets.tolist() == [0, 3, 3, 8, 9]  # 40 events truncated to 5

@@ -46,6 +46,9 @@ class EmbeddingConfig:
         target_match: add to every event token an embedding of (its category
             equals the candidate ad's, time bucket, action)
             (:class:`trainer.modules.embeddings.TargetMatch`).
+        match_share: add a non-sequence token made from how many of the
+            window's events match the candidate's category, and out of how
+            many (:class:`trainer.modules.embeddings.MatchShare`).
     """
 
     dim: int
@@ -55,6 +58,7 @@ class EmbeddingConfig:
     dense_hidden: tuple[int, ...] = (32,)
     max_seq_len: int = 4096
     target_match: bool = True
+    match_share: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -36,7 +36,7 @@ from features.registry import (
 )
 from features.vocab import ACTIONS
 from trainer.config import EmbeddingConfig
-from trainer.ops import jagged_truncate_last, segment_ids
+from trainer.ops import jagged_truncate_last, positions, segment_ids, segment_sum
 
 # Sparse features that describe the candidate ad: their embeddings make the
 # target (query) of target-aware attention.
@@ -232,6 +232,62 @@ class TargetMatch(nn.Module):
         return self.table(index + action)
 
 
+class MatchShare(nn.Module):
+    """Per example: the window's events that match the candidate's category → (D,).
+
+    Why: attention normalizes counts away (a softmax over 3 matching events
+    of 30 looks like 1 of 10), and the mean pooling of :class:`TargetMatch`
+    embeddings keeps them only through learned weights. A user's long-term
+    interest in a topic is exactly such a share (the generator's
+    ``theta_u[topic]``, drawn per session), so this token gives the model the
+    matched count, the share and the window's length, as DIN-era counting
+    features did. Counted over the ``max_seq_len`` newest events, the window
+    the sequence tokens cover. Ids, not hashes, are compared (as in
+    :class:`TargetMatch`).
+
+    Args:
+        dim: token width ``D``.
+        max_seq_len: the window (newest events) that is counted.
+
+    Shapes: event categories (L,) jagged by offsets (B + 1,), the candidate's
+    category (B,) → (B, D).
+
+    Example:
+        >>> share = MatchShare(4, max_seq_len=2)
+        >>> share(torch.tensor([3, 5, 3]), torch.tensor([3, 0]),
+        ...       torch.tensor([0, 3, 3])).shape
+        torch.Size([2, 4])
+    """
+
+    def __init__(self, dim: int, max_seq_len: int) -> None:
+        super().__init__()
+        self.max_seq_len = max_seq_len
+        self.proj = nn.Linear(3, dim)
+
+    def counts(
+        self, category: torch.Tensor, candidate: torch.Tensor, offsets: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(matching events, events) in each example's window, float (B,)."""
+        total = category.numel()
+        seg = segment_ids(offsets, total)
+        lengths = offsets[1:] - offsets[:-1]
+        in_window = positions(offsets, total) >= (lengths - self.max_seq_len)[seg]
+        same = (category == candidate[seg]) & (category > 0) & in_window
+        matched = segment_sum(same.float().unsqueeze(1), offsets).squeeze(1)
+        return matched, lengths.clamp(max=self.max_seq_len).float()
+
+    def forward(
+        self, category: torch.Tensor, candidate: torch.Tensor, offsets: torch.Tensor
+    ) -> torch.Tensor:
+        """The share token of every example."""
+        matched, events = self.counts(category, candidate, offsets)
+        features = torch.stack(
+            [matched / events.clamp(min=1), torch.log1p(matched), torch.log1p(events)],
+            dim=1,
+        )
+        return self.proj(features)
+
+
 class JaggedTokens(NamedTuple):
     """Jagged tokens: ``values`` (L, D), ``offsets`` (B + 1,), bound ``max_len``."""
 
@@ -405,6 +461,10 @@ class InputAdapter(nn.Module):
             else None
         )
         self.num_tokens = config.num_dense_tokens + len(SPARSE_FEATURES)
+        self.share = None
+        if use_sequences and config.match_share:
+            self.share = MatchShare(config.dim, config.max_seq_len)
+            self.num_tokens += 1
 
     def forward(
         self,
@@ -424,6 +484,16 @@ class InputAdapter(nn.Module):
                 self.category_index
             ]  # key-major, one id per example
             seq = self.sequence(sequence, candidate)
+            if self.share is not None:
+                lengths = sequence.lengths().view(len(SEQUENCE_FEATURES), -1)[0]
+                offsets = torch.nn.functional.pad(
+                    torch.cumsum(lengths.long(), 0), (1, 0)
+                )
+                category = sequence.values().view(len(SEQUENCE_FEATURES), -1)[
+                    [f.name for f in SEQUENCE_FEATURES].index(EVENT_CATEGORY)
+                ]  # key-major, equal lengths
+                share = self.share(category, candidate, offsets)
+                tokens = torch.cat([tokens, share.unsqueeze(1)], dim=1)
         return InputTokens(tokens, target, seq)
 
 
