@@ -120,17 +120,22 @@ def test_cli_runs_until_interrupted(tmp_path: Path) -> None:
         stdout=subprocess.PIPE,
         text=True,
     )
-    assert process.stdout is not None
-    line = process.stdout.readline()
-    assert line.startswith("Kafka broker ready: 127.0.0.1:"), line
-    bootstrap = line.split()[3]
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap)
-    assert consumer.partitions_for_topic("events") == {0, 1, 2, 3}
-    consumer.close()
-    process.send_signal(signal.SIGINT)
-    # Stopping gives the broker 5 s before SIGKILL (EmbeddedKafka.stop); on a
-    # loaded 2-core machine the whole shutdown once took over 10 s.
-    assert process.wait(timeout=30) == 0
-    host, port = bootstrap.split(":")
-    with socket.socket() as sock:
-        assert sock.connect_ex((host, int(port))) != 0
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline()
+        assert line.startswith("Kafka broker ready: 127.0.0.1:"), line
+        bootstrap = line.split()[3]
+        consumer = KafkaConsumer(bootstrap_servers=bootstrap)
+        assert consumer.partitions_for_topic("events") == {0, 1, 2, 3}
+        consumer.close()
+        process.send_signal(signal.SIGINT)
+        # Stopping gives the broker 5 s before SIGKILL (EmbeddedKafka.stop); on a
+        # loaded 2-core machine the whole shutdown once took over 10 s.
+        assert process.wait(timeout=30) == 0
+        host, port = bootstrap.split(":")
+        with socket.socket() as sock:
+            assert sock.connect_ex((host, int(port))) != 0
+    finally:
+        if process.poll() is None:  # a failed check must not leave it running
+            process.kill()
+            process.wait()
