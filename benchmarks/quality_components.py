@@ -61,8 +61,6 @@ _CONFIG_FIELDS = ("users", "ads", "days", "seed", "events_per_user_day", "conten
 EVENT_WEIGHT = 0.25
 # History windows (events of any kind) the oracle is scored at; None: all.
 ORACLE_WINDOWS = (None, 128, 32)
-# The oracle columns appended after the logit terms.
-ORACLE_COLUMNS = 2 + len(ORACLE_WINDOWS)
 
 
 def organic_counts_in_window(
@@ -102,10 +100,13 @@ def organic_counts_in_window(
     return n_same, n_all
 
 
-def true_click_terms(gen_dir: Path) -> tuple[list[str], np.ndarray, list[str]]:
-    """(term names, (impressions, terms + oracle columns) values, impression
-    ids), in truth order; the last :data:`ORACLE_COLUMNS` are the oracle's
-    (clicked, interest from history per window, interest prior)."""
+def true_click_terms(
+    gen_dir: Path,
+) -> tuple[list[str], np.ndarray, list[str], np.ndarray]:
+    """Term names, (impressions, terms) values, impression ids, and the
+    history oracle's (impressions, 2 + windows) columns: clicked, the
+    interest estimated per :data:`ORACLE_WINDOWS`, the interest prior; all
+    in truth order."""
     manifest = json.loads((gen_dir / "manifest.json").read_text())
     args = manifest["arguments"]
     config = GeneratorConfig(
@@ -147,13 +148,15 @@ def true_click_terms(gen_dir: Path) -> tuple[list[str], np.ndarray, list[str]]:
     number = np.empty(base.time_ms.size, dtype=np.int64)
     number[time_order(base.time_ms)] = np.arange(base.time_ms.size)
     by_time = np.argsort(number[imp])
-    values = np.stack([v[by_time] for v in (*terms.values(), *oracle.values())], axis=1)
+    values = np.stack([v[by_time] for v in terms.values()], axis=1)
+    oracle_values = np.stack([v[by_time] for v in oracle.values()], axis=1)
     truth = pq.read_table(
         gen_dir / "truth.parquet", columns=["impression_id", "p_click"]
     )
     if not np.allclose(truth.column("p_click").to_numpy(), out.p_click[by_time]):
         raise ValueError(f"{gen_dir}: the regenerated world differs from its truth")
-    return list(terms), values, truth.column("impression_id").to_pylist()
+    ids = truth.column("impression_id").to_pylist()
+    return list(terms), values, ids, oracle_values
 
 
 def capture(logits: np.ndarray, terms: np.ndarray) -> tuple[np.ndarray, float]:
@@ -170,14 +173,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", type=Path, required=True)
     parser.add_argument("--models", default=None, help="labels; default: all saved")
     args = parser.parse_args(argv)
-    names, terms, ids = true_click_terms(args.work / "gen")
+    names, terms, ids, oracle = true_click_terms(args.work / "gen")
     row_of = {k: i for i, k in enumerate(ids)}
     eval_ids = read_examples(args.work / "gen_eval").column("example_id").to_pylist()
     rows = np.array([row_of[k] for k in eval_ids])
-    terms, oracle = (
-        terms[rows, :-ORACLE_COLUMNS],
-        terms[rows, -ORACLE_COLUMNS:],
-    )
+    terms, oracle = terms[rows], oracle[rows]
     runs = sorted((args.work / "gen_models").glob("*.npz"))
     if args.models:
         wanted = set(args.models.split(","))
