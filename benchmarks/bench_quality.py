@@ -265,14 +265,14 @@ def bootstrap_vs_gem(
     each difference's interval accounts for the shared sampling noise.
 
     Returns:
-        ``{model: {"diff_mean", "lo", "hi"}}`` for NE(model) - NE(gem)
+        ``{model: {"diff_mean", "lo", "hi"}}`` for NE(model) - NE(reference)
         (positive: GEM better), plus ``"gap_closed"`` (GEM's share of the
         DLRM → Bayes gap) when ``bayes_probs`` (row-aligned) is given.
     """
     if reference not in predictions:
         return {}
-    gem = predictions[reference]
-    y = gem["labels"][:, 0].astype(np.float64)
+    ref = predictions[reference]
+    y = ref["labels"][:, 0].astype(np.float64)
     rng = np.random.default_rng(seed)
     chunks = []
     for start in range(0, resamples, 100):
@@ -284,24 +284,24 @@ def bootstrap_vs_gem(
             [_weighted_ne(y, p.astype(np.float64), w) for w in weights]
         )
 
-    gem_ne = ne(gem["probs"][:, 0])
+    ref_ne = ne(ref["probs"][:, 0])
     out: dict[str, Any] = {}
     for name, pred in predictions.items():
         if name == reference:
             continue
-        assert np.array_equal(pred["labels"][:, 0], gem["labels"][:, 0]), name
-        out[name] = _interval(ne(pred["probs"][:, 0]) - gem_ne)
+        assert np.array_equal(pred["labels"][:, 0], ref["labels"][:, 0]), name
+        out[name] = _interval(ne(pred["probs"][:, 0]) - ref_ne)
     if bayes_probs is not None and "dlrm" in predictions:
         dlrm = ne(predictions["dlrm"]["probs"][:, 0])
         best = ne(bayes_probs)
-        share = (dlrm - gem_ne) / (dlrm - best)
+        share = (dlrm - ref_ne) / (dlrm - best)
         lo, hi = np.percentile(share, [2.5, 97.5])
         out["gap_closed"] = {
             "mean": float(share.mean()),
             "lo": float(lo),
             "hi": float(hi),
         }
-        diff = best - gem_ne
+        diff = best - ref_ne
         lo, hi = np.percentile(diff, [2.5, 97.5])
         out["bayes"] = {
             "diff_mean": float(diff.mean()),

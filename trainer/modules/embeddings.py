@@ -465,6 +465,8 @@ class InputAdapter(nn.Module):
         if use_sequences and config.match_share:
             self.share = MatchShare(config.dim, config.max_seq_len)
             self.num_tokens += 1
+        sequence_names = [f.name for f in SEQUENCE_FEATURES]
+        self.event_category_index = sequence_names.index(EVENT_CATEGORY)
 
     def forward(
         self,
@@ -490,7 +492,7 @@ class InputAdapter(nn.Module):
                     torch.cumsum(lengths.long(), 0), (1, 0)
                 )
                 category = sequence.values().view(len(SEQUENCE_FEATURES), -1)[
-                    [f.name for f in SEQUENCE_FEATURES].index(EVENT_CATEGORY)
+                    self.event_category_index
                 ]  # key-major, equal lengths
                 share = self.share(category, candidate, offsets)
                 tokens = torch.cat([tokens, share.unsqueeze(1)], dim=1)
