@@ -54,6 +54,7 @@ import json
 import math
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -112,6 +113,27 @@ def bayes_on(eval_dir: Path, truth_path: Path) -> dict[str, Any]:
 NO_TARGET_MATCH = "gem_no_target_match"
 # GEM with the MatchShare token (EmbeddingConfig.match_share), on trial.
 MATCH_SHARE = "gem_match_share"
+# GEM whose target-aware attention weighs events pointwise, not by a softmax
+# (PyramidConfig.target_weights), on trial.
+POINTWISE_TARGET = "gem_pointwise_target"
+
+
+def _embedding(cfg: ModelConfig, **changes: Any) -> ModelConfig:
+    return dataclasses.replace(
+        cfg, embedding=dataclasses.replace(cfg.embedding, **changes)
+    )
+
+
+# GEM variants trained only when asked for (generated section): config changes.
+GEM_VARIANTS: dict[str, Callable[[ModelConfig], ModelConfig]] = {
+    NO_TARGET_MATCH: lambda c: _embedding(c, target_match=False),
+    MATCH_SHARE: lambda c: _embedding(c, match_share=True),
+    POINTWISE_TARGET: lambda c: dataclasses.replace(
+        c, pyramid=dataclasses.replace(c.pyramid, target_weights="pointwise")
+    ),
+}
+# Variants every other model is also bootstrapped against.
+TRIALS = (MATCH_SHARE, POINTWISE_TARGET)
 
 
 def bayes_probs_aligned(eval_dir: Path, truth_path: Path) -> np.ndarray:
@@ -129,8 +151,7 @@ def run_models(
     evals: Path,
     cfg: ModelConfig,
     predictions: dict[str, dict[str, np.ndarray]],
-    extra_target_match_ablation: bool = False,
-    extra_match_share: bool = False,
+    variants: tuple[str, ...] = (),
     models: list[str] | None = None,
     save: Path | None = None,
     combine: bool = False,
@@ -140,18 +161,15 @@ def run_models(
     """Fit every model with the same budget rule; reports by model name.
 
     ``predictions`` receives each model's eval predictions (row-aligned).
+    ``variants``: names from :data:`GEM_VARIANTS` to train besides the
+    registry's models.
     ``models`` restricts the run to these labels (several processes can
     share the work on a small CPU); ``save`` keeps each model's report and
     predictions as it finishes; ``combine`` trains nothing and loads every
     model found in ``save`` instead.
     """
     runs = [(name, name, cfg) for name in MODEL_NAMES]
-    if extra_target_match_ablation:
-        off = dataclasses.replace(cfg.embedding, target_match=False)
-        runs.append((NO_TARGET_MATCH, "gem", dataclasses.replace(cfg, embedding=off)))
-    if extra_match_share:
-        share = dataclasses.replace(cfg.embedding, match_share=True)
-        runs.append((MATCH_SHARE, "gem", dataclasses.replace(cfg, embedding=share)))
+    runs += [(v, "gem", GEM_VARIANTS[v](cfg)) for v in variants]
     default_lr = fit_args.pop("lr")
     lr_values = lrs or (default_lr,)
     reports: dict[str, Any] = {}
@@ -482,8 +500,15 @@ def generated(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         evals,
         bench_config(args.max_seq_len),
         predictions,
-        extra_target_match_ablation=args.target_match_ablation,
-        extra_match_share=args.match_share,
+        variants=tuple(
+            name
+            for name, wanted in (
+                (NO_TARGET_MATCH, args.target_match_ablation),
+                (MATCH_SHARE, args.match_share),
+                (POINTWISE_TARGET, args.pointwise_target),
+            )
+            if wanted
+        ),
         **run_args(args, work / "gen_models"),
     )
     bayes = bayes_on(evals, work / "gen" / "truth.parquet")
@@ -502,9 +527,12 @@ def generated(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "bayes": bayes,
         "gem_gap_closed": gaps,
         "bootstrap": bootstrap_vs_gem(predictions, bayes_probs, args.bootstrap),
-        f"bootstrap_vs_{MATCH_SHARE}": bootstrap_vs_gem(
-            predictions, bayes_probs, args.bootstrap, reference=MATCH_SHARE
-        ),
+        **{
+            f"bootstrap_vs_{trial}": bootstrap_vs_gem(
+                predictions, bayes_probs, args.bootstrap, reference=trial
+            )
+            for trial in TRIALS
+        },
         "beats_bayes": beats_bayes(reports, bayes),
     }
 
@@ -629,6 +657,12 @@ def main(argv: list[str] | None = None) -> int:
         help=f"also train {MATCH_SHARE}: GEM with the MatchShare token "
         "(generated section)",
     )
+    p.add_argument(
+        "--pointwise-target",
+        action="store_true",
+        help=f"also train {POINTWISE_TARGET}: GEM whose target-aware attention "
+        "weighs events by SiLU(score) / length (generated section)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--movielens",
@@ -654,8 +688,9 @@ def main(argv: list[str] | None = None) -> int:
         )
         print("models below Bayes NE:", g["beats_bayes"] or "none")
         print("paired bootstrap, all/click:", json.dumps(g["bootstrap"], indent=1))
-        if trial := g[f"bootstrap_vs_{MATCH_SHARE}"]:
-            print(f"vs {MATCH_SHARE}, all/click:", json.dumps(trial, indent=1))
+        for trial in TRIALS:
+            if against := g[f"bootstrap_vs_{trial}"]:
+                print(f"vs {trial}, all/click:", json.dumps(against, indent=1))
     if args.section in ("all", "movielens"):
         m = result["movielens"] = movielens_section(args, args.work)
         if m is not None and "models" in m:

@@ -97,6 +97,10 @@ class PyramidConfig:
         window: causal local-attention window (tokens, incl. itself).
         num_heads: attention heads of every branch.
         num_seeds: PMA seed tokens per level.
+        target_weights: how the target-aware attention weighs the events:
+            ``"softmax"`` (weights sum to one per example) or ``"pointwise"``
+            (``SiLU(score) / L[b]`` per event, as HSTU; DIN also drops the
+            softmax), which keeps how *many* events match the candidate.
     """
 
     enabled: bool = True
@@ -105,6 +109,7 @@ class PyramidConfig:
     window: int = 8
     num_heads: int = 1
     num_seeds: int = 2
+    target_weights: Literal["softmax", "pointwise"] = "softmax"
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -7,7 +7,8 @@ reconstruction model.md proposes. Each level runs parallel modules over the
 - (a) causal local-window self-attention (sequence order),
 - (b) target-aware attention with the candidate ad embedding as the query:
   a per-token re-weighting ``w_i · L[b] · V x_i`` (``w`` the softmax over the
-  example's tokens, so uniform attention is the identity scale) and a
+  example's tokens, so uniform attention is the identity scale; or, with
+  ``target_weights="pointwise"``, ``w_i = SiLU(score_i) / L[b]``) and a
   summary token ``Σ_i w_i V x_i``,
 - (c) PMA seed pooling into ``num_seeds`` summary tokens.
 
@@ -22,7 +23,7 @@ Nothing pads the batch: all ops are jagged-native.
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 import torch
 from torch import nn
@@ -36,10 +37,22 @@ from trainer.ops import Kernel, jagged_pool, jagged_softmax, segment_ids, segmen
 class TargetAwareAttention(nn.Module):
     """Candidate-ad-as-query attention over the jagged tokens.
 
+    Two ways to weigh the events (``weights``):
+
+    - ``"softmax"``: the weights of an example sum to one, so the summary is
+      a weighted *mean*: three matching events among thirty look like one
+      among ten.
+    - ``"pointwise"``: ``w_i = SiLU(score_i) / L[b]``, HSTU's pointwise
+      aggregated attention normalised by the length (DIN drops the softmax
+      for the same reason): the summary grows with the share of events the
+      candidate scores highly, which is how strong the user's interest in
+      the candidate's topic is.
+
     Args:
         dim: token width ``D``.
         num_heads: heads ``H``.
         kernel: jagged-op implementation.
+        weights: ``"softmax"`` or ``"pointwise"``.
 
     Shapes: target (B, D), values (L, D) jagged → per-token (L, D) and
     summary (B, 1, D). An empty sequence gives a zero summary.
@@ -53,11 +66,18 @@ class TargetAwareAttention(nn.Module):
     """
 
     def __init__(
-        self, dim: int, num_heads: int, kernel: Kernel = Kernel.PYTORCH
+        self,
+        dim: int,
+        num_heads: int,
+        kernel: Kernel = Kernel.PYTORCH,
+        weights: Literal["softmax", "pointwise"] = "softmax",
     ) -> None:
         super().__init__()
+        if weights not in ("softmax", "pointwise"):
+            raise ValueError(f"weights must be softmax or pointwise, not {weights!r}")
         self.heads = num_heads
         self.kernel = kernel
+        self.pointwise = weights == "pointwise"
         self.q = nn.Linear(dim, dim)
         self.kv = nn.Linear(dim, 2 * dim)
         self.out = nn.Linear(dim, dim)
@@ -75,12 +95,13 @@ class TargetAwareAttention(nn.Module):
         q = self.q(target).view(-1, self.heads, dim // self.heads)  # (B, H, Dh)
         k, v = self.kv(values).view(total, 2, self.heads, dim // self.heads).unbind(1)
         scores = (k * q[seg]).sum(-1) / math.sqrt(dim // self.heads)  # (L, H)
-        weights = jagged_softmax(scores, offsets, max_len, self.kernel)
+        lengths = (offsets[1:] - offsets[:-1]).to(values.dtype)[seg].unsqueeze(1)
+        if self.pointwise:
+            weights = nn.functional.silu(scores) / lengths
+        else:
+            weights = jagged_softmax(scores, offsets, max_len, self.kernel)
         weighted = weights.unsqueeze(-1) * v  # (L, H, Dh)
-        lengths = (offsets[1:] - offsets[:-1]).to(values.dtype)
-        per_token = self.out(
-            (weighted * lengths[seg].view(-1, 1, 1)).reshape(total, dim)
-        )
+        per_token = self.out((weighted * lengths.unsqueeze(-1)).reshape(total, dim))
         summary = segment_sum(weighted.reshape(total, dim), offsets)  # (B, D)
         return per_token, self.out(summary).unsqueeze(1)
 
@@ -111,7 +132,9 @@ class PyramidLevel(nn.Module):
         super().__init__()
         self.ratio = config.ratio
         self.local = JaggedLocalAttention(dim, config.num_heads, config.window, kernel)
-        self.target = TargetAwareAttention(dim, config.num_heads, kernel)
+        self.target = TargetAwareAttention(
+            dim, config.num_heads, kernel, config.target_weights
+        )
         self.pma = PMA(dim, config.num_seeds, config.num_heads, kernel)
         self.combine = nn.Linear(2 * dim, dim)
         self.norm = nn.LayerNorm(dim)
