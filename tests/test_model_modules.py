@@ -124,6 +124,11 @@ CASES: dict[str, tuple[Callable[[], nn.Module], Callable[[], tuple[Any, ...]], A
         lambda: (torch.randn(B, D), seq(), OFFSETS, 9),
         ((L, D), (B, 1, D)),
     ),
+    "TargetAwareAttention pointwise": (
+        lambda: TargetAwareAttention(D, 2, weights="pointwise"),
+        lambda: (torch.randn(B, D), seq(), OFFSETS, 9),
+        ((L, D), (B, 1, D)),
+    ),
     "PyramidLevel": (
         lambda: PyramidLevel(D, PyramidConfig(ratio=2, num_seeds=2)),
         lambda: (seq(), OFFSETS, 9, torch.randn(B, D)),
@@ -275,6 +280,39 @@ def test_match_share_counts_the_newest_window_only() -> None:
     assert events.tolist() == [3.0, 0.0, 2.0]
     # A missing candidate category (0) matches nothing, not the 0 event.
     assert share.counts(category, torch.tensor([0, 0, 0]), offsets)[0].sum() == 0
+
+
+def _matching_attention(weights: str) -> TargetAwareAttention:
+    """Width 2, one head: score = 4 * (target . token) / sqrt(2), values all ones."""
+    attn = TargetAwareAttention(2, 1, weights=weights)  # type: ignore[arg-type]
+    with torch.no_grad():
+        attn.q.weight.copy_(torch.eye(2))
+        attn.q.bias.zero_()
+        attn.kv.weight.zero_()
+        attn.kv.weight[:2].copy_(4 * torch.eye(2))  # keys: the tokens, scaled
+        attn.kv.bias.copy_(torch.tensor([0.0, 0.0, 1.0, 1.0]))  # values: ones
+        attn.out.weight.copy_(torch.eye(2))
+        attn.out.bias.zero_()
+    return attn
+
+
+def test_pointwise_target_attention_keeps_how_many_events_match() -> None:
+    # One event matches the candidate (token [1, 0]); the others score 0.
+    match, other = [1.0, 0.0], [0.0, 1.0]
+    values = torch.tensor([match, other, match, other, other, other])
+    offsets = torch.tensor([0, 2, 6])  # 1 match of 2 events, 1 match of 4
+    target = torch.tensor([[1.0, 0.0], [1.0, 0.0]])
+    with torch.no_grad():
+        _, softmax = _matching_attention("softmax")(target, values, offsets, 4)
+        _, pointwise = _matching_attention("pointwise")(target, values, offsets, 4)
+    # A softmax's weights sum to one: the summaries of 1 in 2 and 1 in 4 are equal.
+    torch.testing.assert_close(softmax[0], softmax[1])
+    # Pointwise: SiLU(score) / length, so the summary is the matched share's.
+    score = torch.tensor(4 / 2**0.5)
+    share = torch.nn.functional.silu(score) * torch.tensor([1 / 2, 1 / 4])
+    torch.testing.assert_close(pointwise[:, 0, 0], share)
+    with pytest.raises(ValueError, match="softmax or pointwise"):
+        TargetAwareAttention(2, 1, weights="sigmoid")  # type: ignore[arg-type]
 
 
 def test_sequence_concat_combine() -> None:
