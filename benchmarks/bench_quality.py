@@ -116,6 +116,9 @@ MATCH_SHARE = "gem_match_share"
 # GEM whose target-aware attention weighs events pointwise, not by a softmax
 # (PyramidConfig.target_weights), on trial.
 POINTWISE_TARGET = "gem_pointwise_target"
+# GEM whose sequence summary reads the pyramid's summary tokens out
+# (InterFormerConfig.read_prefix), on trial.
+READ_PREFIX = "gem_read_prefix"
 
 
 def _embedding(cfg: ModelConfig, **changes: Any) -> ModelConfig:
@@ -131,9 +134,12 @@ GEM_VARIANTS: dict[str, Callable[[ModelConfig], ModelConfig]] = {
     POINTWISE_TARGET: lambda c: dataclasses.replace(
         c, pyramid=dataclasses.replace(c.pyramid, target_weights="pointwise")
     ),
+    READ_PREFIX: lambda c: dataclasses.replace(
+        c, interformer=dataclasses.replace(c.interformer, read_prefix=True)
+    ),
 }
 # Variants every other model is also bootstrapped against.
-TRIALS = (MATCH_SHARE, POINTWISE_TARGET)
+TRIALS = (MATCH_SHARE, POINTWISE_TARGET, READ_PREFIX)
 
 
 def bayes_probs_aligned(eval_dir: Path, truth_path: Path) -> np.ndarray:
@@ -501,13 +507,11 @@ def generated(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         bench_config(args.max_seq_len),
         predictions,
         variants=tuple(
-            name
-            for name, wanted in (
-                (NO_TARGET_MATCH, args.target_match_ablation),
-                (MATCH_SHARE, args.match_share),
-                (POINTWISE_TARGET, args.pointwise_target),
+            dict.fromkeys(
+                [NO_TARGET_MATCH] * args.target_match_ablation
+                + [MATCH_SHARE] * args.match_share
+                + [v for v in args.variants.split(",") if v]
             )
-            if wanted
         ),
         **run_args(args, work / "gen_models"),
     )
@@ -658,10 +662,10 @@ def main(argv: list[str] | None = None) -> int:
         "(generated section)",
     )
     p.add_argument(
-        "--pointwise-target",
-        action="store_true",
-        help=f"also train {POINTWISE_TARGET}: GEM whose target-aware attention "
-        "weighs events by SiLU(score) / length (generated section)",
+        "--variants",
+        default="",
+        help="comma-separated GEM variants to train too (generated section): "
+        + ", ".join(GEM_VARIANTS),
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
@@ -673,6 +677,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--work", type=Path, default=Path("/tmp/bench_quality"))
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
+    if unknown := {v for v in args.variants.split(",") if v} - set(GEM_VARIANTS):
+        p.error(f"unknown --variants {sorted(unknown)}; known: {list(GEM_VARIANTS)}")
     args.work.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     result: dict[str, Any] = {"args": {k: str(v) for k, v in vars(args).items()}}

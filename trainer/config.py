@@ -126,6 +126,10 @@ class InterFormerConfig:
             paper's ``sep`` ablation: no CLS prefix, no S_sum into the
             interaction arch, a plain FFN instead of the PFFN.
         no_pyramid_max_len: raw tokens InterFormer sees when the pyramid is off.
+        read_prefix: the sequence summary also reads out the pyramid's summary
+            tokens (they sit behind the CLS tokens), so they reach the
+            interaction arch and the heads in every layer directly, not only
+            through the sequence arch's attention.
     """
 
     num_layers: int = 1
@@ -135,6 +139,7 @@ class InterFormerConfig:
     num_recent: int = 2
     interleave: bool = True
     no_pyramid_max_len: int = 64
+    read_prefix: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -103,11 +103,12 @@ class SequenceSummary(nn.Module):
     Args:
         dim: token width ``D``.
         config: ``num_cls``, ``num_pma``, ``num_recent``, ``num_heads``.
-        with_cls: take the first ``num_cls`` tokens as CLS (only when CLS
-            tokens were prepended, i.e. when interleaving).
+        num_front: leading tokens read out as they are: the CLS tokens when
+            they were prepended (interleaving), plus the pyramid's summary
+            tokens behind them with ``read_prefix``; ``None``: ``num_cls``.
         kernel: jagged-op implementation.
 
-    Shapes: jagged (L, D) → (B, [n_cls +] n_pma + n_recent, D). Sequences
+    Shapes: jagged (L, D) → (B, num_front + n_pma + n_recent, D). Sequences
     shorter than ``num_recent`` give zero "recent" tokens.
 
     Example:
@@ -121,11 +122,11 @@ class SequenceSummary(nn.Module):
         self,
         dim: int,
         config: InterFormerConfig,
-        with_cls: bool = True,
+        num_front: int | None = None,
         kernel: Kernel = Kernel.PYTORCH,
     ) -> None:
         super().__init__()
-        self.num_cls = config.num_cls if with_cls else 0
+        self.num_front = config.num_cls if num_front is None else num_front
         self.num_recent = config.num_recent
         self.pma = PMA(dim, config.num_pma, config.num_heads, kernel)
         self.gate = Gating(dim)
@@ -135,8 +136,8 @@ class SequenceSummary(nn.Module):
     ) -> torch.Tensor:
         """Summarise the sequence."""
         parts = []
-        if self.num_cls:
-            parts.append(jagged_first_k(values, offsets, self.num_cls))
+        if self.num_front:
+            parts.append(jagged_first_k(values, offsets, self.num_front))
         parts.append(self.pma(values, offsets, max_len))
         parts.append(jagged_last_k(values, offsets, self.num_recent)[0])
         return self.gate(torch.cat(parts, dim=1))
@@ -222,8 +223,11 @@ class InterFormer(nn.Module):
         self.interleave = icfg.interleave and config.use_sequences
         n_x = config.wukong.num_fm_tokens + config.wukong.num_lc_tokens
         inputs = [num_tokens] + [n_x] * icfg.num_layers
-        n_cls_in_s = icfg.num_cls if self.interleave else 0
-        n_s_sum = n_cls_in_s + icfg.num_pma + icfg.num_recent
+        # Tokens in front of the events that the sequence summary reads out.
+        num_front = (icfg.num_cls if self.interleave else 0) + (
+            num_prefix if icfg.read_prefix else 0
+        )
+        n_s_sum = num_front + icfg.num_pma + icfg.num_recent
         extra = n_s_sum if self.interleave else 0
         self.interaction = nn.ModuleList(
             Wukong(n + extra, dim, config.wukong) for n in inputs[:-1]
@@ -235,7 +239,7 @@ class InterFormer(nn.Module):
             NonSequenceSummary(n, dim, icfg.num_cls) for n in summarised
         )
         self.s_summary = nn.ModuleList(
-            SequenceSummary(dim, icfg, self.interleave, kernel)
+            SequenceSummary(dim, icfg, num_front, kernel)
             for _ in (summarised if config.use_sequences else ())
         )
         self.sequence = nn.ModuleList(
