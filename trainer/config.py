@@ -46,6 +46,8 @@ class EmbeddingConfig:
         target_match: add to every event token an embedding of (its category
             equals the candidate ad's, time bucket, action)
             (:class:`trainer.modules.embeddings.TargetMatch`).
+        target_match_shared: add the match bit's own embedding too, shared by
+            every time bucket and action.
         match_share: add a non-sequence token made from how many of the
             window's events match the candidate's category, and out of how
             many (:class:`trainer.modules.embeddings.MatchShare`).
@@ -58,6 +60,7 @@ class EmbeddingConfig:
     dense_hidden: tuple[int, ...] = (32,)
     max_seq_len: int = 4096
     target_match: bool = True
+    target_match_shared: bool = False
     match_share: bool = False
 
 

@@ -194,8 +194,15 @@ class TargetMatch(nn.Module):
     pooling keeps as a count. Ids, not hashes, are compared: both features are
     vocabulary ids, untouched by table caps.
 
+    With ``shared``, a second table of two rows adds the match bit alone:
+    one direction for every matching event, whatever its time and action,
+    so the mean of a window's tokens holds the matched share along it. The
+    joint rows each learn only from their own (time, action) cell, and the
+    long-term interest in a topic is spread over all of them.
+
     Args:
         dim: token width ``D``.
+        shared: add the match-bit-only embedding.
 
     Shapes: event categories, time buckets, actions (L,), the candidate's
     category (B,), offsets (B + 1,) → (L, D).
@@ -208,7 +215,7 @@ class TargetMatch(nn.Module):
         torch.Size([3, 4])
     """
 
-    def __init__(self, dim: int) -> None:
+    def __init__(self, dim: int, shared: bool = False) -> None:
         super().__init__()
         self.time_rows = TIME_BUCKETS + 1
         self.action_rows = len(ACTIONS) + 1
@@ -216,6 +223,9 @@ class TargetMatch(nn.Module):
         self.table = nn.Embedding(rows, dim)
         # TorchRec's default table init (uniform ±sqrt(1 / rows)), like the others.
         nn.init.uniform_(self.table.weight, -(rows**-0.5), rows**-0.5)
+        self.same = nn.Embedding(2, dim) if shared else None
+        if self.same is not None:  # the joint rows' scale, not ±sqrt(1 / 2)
+            nn.init.uniform_(self.same.weight, -(rows**-0.5), rows**-0.5)
 
     def forward(
         self,
@@ -229,7 +239,8 @@ class TargetMatch(nn.Module):
         seg = segment_ids(offsets, category.numel())
         same = (category == candidate[seg]) & (category > 0)
         index = (same.long() * self.time_rows + time_bucket) * self.action_rows
-        return self.table(index + action)
+        out = self.table(index + action)
+        return out if self.same is None else out + self.same(same.long())
 
 
 class MatchShare(nn.Module):
@@ -327,7 +338,11 @@ class SequenceEmbeddings(nn.Module):
         cap = config.max_num_embeddings
         self.max_seq_len = config.max_seq_len
         self.names = [f.name for f in SEQUENCE_FEATURES]
-        self.match = TargetMatch(config.dim) if config.target_match else None
+        self.match = (
+            TargetMatch(config.dim, config.target_match_shared)
+            if config.target_match
+            else None
+        )
         self.ec = EmbeddingCollection(
             tables=[
                 TableConfig(
