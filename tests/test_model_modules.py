@@ -198,6 +198,17 @@ CASES: dict[str, tuple[Callable[[], nn.Module], Callable[[], tuple[Any, ...]], A
         lambda: (BATCH.sequence, _candidate_category(BATCH)),
         (44, D),
     ),
+    "TargetMatch shared": (
+        lambda: TargetMatch(D, shared=True),
+        lambda: (
+            torch.tensor([3, 5, 3]),
+            torch.tensor([1, 2, 3]),
+            torch.tensor([4, 4, 4]),
+            torch.tensor([3, 0]),
+            torch.tensor([0, 3, 3]),
+        ),
+        (3, D),
+    ),
     "MatchShare": (
         lambda: MatchShare(D, max_seq_len=4),
         lambda: (torch.randint(0, 4, (L,)), torch.tensor([1, 2, 0, 3]), OFFSETS),
@@ -281,6 +292,23 @@ def test_target_match_embeds_same_category_events_only() -> None:
     seq = SequenceEmbeddings(CFG.embedding)
     with_match = seq(BATCH.sequence, _candidate_category(BATCH)).values
     assert not torch.equal(seq(BATCH.sequence).values, with_match)
+
+
+def test_shared_target_match_gives_every_match_one_direction() -> None:
+    match = TargetMatch(D, shared=True)
+    assert match.same is not None
+    with torch.no_grad():
+        match.table.weight.zero_()  # leave only the shared match-bit rows
+    category = torch.tensor([3, 3, 5, 3])
+    time_bucket = torch.tensor([1, 9, 1, 4])
+    action = torch.tensor([1, 2, 1, 3])
+    out = match(category, time_bucket, action, torch.tensor([3]), torch.tensor([0, 4]))
+    # Matches in other time buckets and actions share one embedding...
+    torch.testing.assert_close(out[0], out[1])
+    torch.testing.assert_close(out[0], out[3])
+    # ...which a non-match does not have.
+    assert not torch.equal(out[0], out[2])
+    torch.testing.assert_close(out[2], match.same.weight[0])
 
 
 def test_match_share_counts_the_newest_window_only() -> None:
