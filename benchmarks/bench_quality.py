@@ -119,9 +119,10 @@ POINTWISE_TARGET = "gem_pointwise_target"
 # GEM whose sequence summary reads the pyramid's summary tokens out
 # (InterFormerConfig.read_prefix), on trial.
 READ_PREFIX = "gem_read_prefix"
-# GEM whose TargetMatch adds a match-bit embedding shared across time and
-# action (EmbeddingConfig.target_match_shared), on trial.
-SHARED_MATCH = "gem_shared_match"
+# GEM whose TargetMatch has only the joint (match, time, action) rows, without
+# the shared match-bit embedding (EmbeddingConfig.target_match_shared): the
+# evidence for that default.
+JOINT_MATCH = "gem_joint_match"
 
 
 def _embedding(cfg: ModelConfig, **changes: Any) -> ModelConfig:
@@ -140,10 +141,10 @@ GEM_VARIANTS: dict[str, Callable[[ModelConfig], ModelConfig]] = {
     READ_PREFIX: lambda c: dataclasses.replace(
         c, interformer=dataclasses.replace(c.interformer, read_prefix=True)
     ),
-    SHARED_MATCH: lambda c: _embedding(c, target_match_shared=True),
+    JOINT_MATCH: lambda c: _embedding(c, target_match_shared=False),
 }
 # Variants every other model is also bootstrapped against.
-TRIALS = (MATCH_SHARE, POINTWISE_TARGET, READ_PREFIX, SHARED_MATCH)
+TRIALS = (MATCH_SHARE, POINTWISE_TARGET, READ_PREFIX)
 
 
 def bayes_probs_aligned(eval_dir: Path, truth_path: Path) -> np.ndarray:

@@ -47,7 +47,9 @@ class EmbeddingConfig:
             equals the candidate ad's, time bucket, action)
             (:class:`trainer.modules.embeddings.TargetMatch`).
         target_match_shared: add the match bit's own embedding too, shared by
-            every time bucket and action.
+            every time bucket and action (on by default: it doubled the
+            long-term interest GEM captures on generated data, see
+            ``benchmarks/README.md``).
         match_share: add a non-sequence token made from how many of the
             window's events match the candidate's category, and out of how
             many (:class:`trainer.modules.embeddings.MatchShare`).
@@ -60,7 +62,7 @@ class EmbeddingConfig:
     dense_hidden: tuple[int, ...] = (32,)
     max_seq_len: int = 4096
     target_match: bool = True
-    target_match_shared: bool = False
+    target_match_shared: bool = True
     match_share: bool = False
 
 

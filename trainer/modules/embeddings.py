@@ -194,7 +194,8 @@ class TargetMatch(nn.Module):
     pooling keeps as a count. Ids, not hashes, are compared: both features are
     vocabulary ids, untouched by table caps.
 
-    With ``shared``, a second table of two rows adds the match bit alone:
+    With ``shared`` (the default config), a second table of two rows adds
+    the match bit alone:
     one direction for every matching event, whatever its time and action,
     so the mean of a window's tokens holds the matched share along it. The
     joint rows each learn only from their own (time, action) cell, and the
