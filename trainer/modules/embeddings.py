@@ -194,12 +194,12 @@ class TargetMatch(nn.Module):
     pooling keeps as a count. Ids, not hashes, are compared: both features are
     vocabulary ids, untouched by table caps.
 
-    With ``shared`` (the default config), a second table of two rows adds
-    the match bit alone:
-    one direction for every matching event, whatever its time and action,
-    so the mean of a window's tokens holds the matched share along it. The
-    joint rows each learn only from their own (time, action) cell, and the
-    long-term interest in a topic is spread over all of them.
+    With ``shared`` (on in every preset), a second table of two rows adds
+    the match bit alone: one direction for every matching event, whatever
+    its time and action, so the mean of a window's tokens holds the matched
+    share along it. The joint rows each learn only from their own (time,
+    action) cell, and a long-term interest in a topic is spread over all of
+    them: without the shared rows GEM captured half as much of it.
 
     Args:
         dim: token width ``D``.
