@@ -131,7 +131,7 @@ def _embedding(cfg: ModelConfig, **changes: Any) -> ModelConfig:
     )
 
 
-# GEM variants trained only when asked for (generated section): config changes.
+# GEM variants trained only when asked for: config changes.
 GEM_VARIANTS: dict[str, Callable[[ModelConfig], ModelConfig]] = {
     NO_TARGET_MATCH: lambda c: _embedding(c, target_match=False),
     MATCH_SHARE: lambda c: _embedding(c, match_share=True),
@@ -468,6 +468,17 @@ def beats_bayes(reports: dict[str, Any], bayes: dict[str, Any]) -> list[str]:
     return found
 
 
+def requested_variants(args: argparse.Namespace) -> tuple[str, ...]:
+    """The GEM variants the flags ask for, each once, in a fixed order."""
+    return tuple(
+        dict.fromkeys(
+            [NO_TARGET_MATCH] * args.target_match_ablation
+            + [MATCH_SHARE] * args.match_share
+            + [v for v in args.variants.split(",") if v]
+        )
+    )
+
+
 def generated(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     """Section (a)."""
     gen = GeneratorConfig(
@@ -511,13 +522,7 @@ def generated(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         evals,
         bench_config(args.max_seq_len),
         predictions,
-        variants=tuple(
-            dict.fromkeys(
-                [NO_TARGET_MATCH] * args.target_match_ablation
-                + [MATCH_SHARE] * args.match_share
-                + [v for v in args.variants.split(",") if v]
-            )
-        ),
+        variants=requested_variants(args),
         **run_args(args, work / "gen_models"),
     )
     bayes = bayes_on(evals, work / "gen" / "truth.parquet")
@@ -587,6 +592,7 @@ def movielens_section(args: argparse.Namespace, work: Path) -> dict[str, Any] | 
         evals,
         bench_config(args.max_seq_len),
         predictions,
+        variants=requested_variants(args),
         **run_args(args, work / "ml_models"),
     )
     return {
@@ -658,19 +664,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--target-match-ablation",
         action="store_true",
-        help=f"also train {NO_TARGET_MATCH} (generated section)",
+        help=f"also train {NO_TARGET_MATCH}",
     )
     p.add_argument(
         "--match-share",
         action="store_true",
-        help=f"also train {MATCH_SHARE}: GEM with the MatchShare token "
-        "(generated section)",
+        help=f"also train {MATCH_SHARE}: GEM with the MatchShare token",
     )
     p.add_argument(
         "--variants",
         default="",
-        help="comma-separated GEM variants to train too (generated section): "
-        + ", ".join(GEM_VARIANTS),
+        help="comma-separated GEM variants to train too: " + ", ".join(GEM_VARIANTS),
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
