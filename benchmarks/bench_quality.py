@@ -7,6 +7,7 @@ Usage::
         [--batch-size 256] [--max-seq-len 32] [--validation-sample 10000]
         [--lrs 1e-3,3e-3] [--device auto|cpu|cuda] [--precision fp32|bf16]
         [--prepare-only] [--work DIR] [--json FILE]
+        [--target-match-ablation] [--match-share] [--variants gem_joint_match,...]
 
 Three periods per data set, split forward in time at fixed timestamps:
 **train** < validation cut <= **validation** < eval cut <= **eval**. Every
