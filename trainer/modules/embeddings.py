@@ -67,6 +67,39 @@ def capped_size(num_embeddings: int, cap: int | None) -> int:
     return num_embeddings if cap is None else min(num_embeddings, cap)
 
 
+def matches_candidate(
+    category: torch.Tensor, candidate: torch.Tensor, seg: torch.Tensor
+) -> torch.Tensor:
+    """Events (L,) whose category is their example's candidate's; 0 never matches.
+
+    Example:
+        >>> matches_candidate(torch.tensor([3, 0, 5]), torch.tensor([3, 0]),
+        ...                   torch.tensor([0, 0, 1])).tolist()
+        [True, False, False]
+    """
+    return (category == candidate[seg]) & (category > 0)
+
+
+def history_ids(kjt: KeyedJaggedTensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A sequence KJT's ids as (keys, L) and its offsets (B + 1,).
+
+    Every sequence key has the same lengths and the KJT is key-major, so a
+    view gives each key's ids without splitting the KJT.
+
+    Example:
+        >>> kjt = KeyedJaggedTensor.from_lengths_sync(
+        ...     keys=["a", "b"], values=torch.tensor([1, 2, 3, 4, 5, 6]),
+        ...     lengths=torch.tensor([2, 1, 2, 1]))
+        >>> ids, offsets = history_ids(kjt)
+        >>> ids.tolist(), offsets.tolist()
+        ([[1, 2, 3], [4, 5, 6]], [0, 2, 3])
+    """
+    num_keys = len(kjt.keys())
+    lengths = kjt.lengths().view(num_keys, -1)[0].long()
+    offsets = torch.nn.functional.pad(torch.cumsum(lengths, 0), (1, 0))
+    return kjt.values().view(num_keys, -1), offsets
+
+
 def mlp(
     in_features: int, dims: Sequence[int], last_activation: bool = True
 ) -> nn.Sequential:
@@ -238,7 +271,7 @@ class TargetMatch(nn.Module):
     ) -> torch.Tensor:
         """The match embedding of every event."""
         seg = segment_ids(offsets, category.numel())
-        same = (category == candidate[seg]) & (category > 0)
+        same = matches_candidate(category, candidate, seg)
         index = (same.long() * self.time_rows + time_bucket) * self.action_rows
         out = self.table(index + action)
         return out if self.same is None else out + self.same(same.long())
@@ -284,7 +317,7 @@ class MatchShare(nn.Module):
         seg = segment_ids(offsets, total)
         lengths = offsets[1:] - offsets[:-1]
         in_window = positions(offsets, total) >= (lengths - self.max_seq_len)[seg]
-        same = (category == candidate[seg]) & (category > 0) & in_window
+        same = matches_candidate(category, candidate, seg) & in_window
         matched = segment_sum(same.float().unsqueeze(1), offsets).squeeze(1)
         return matched, lengths.clamp(max=self.max_seq_len).float()
 
@@ -376,8 +409,7 @@ class SequenceEmbeddings(nn.Module):
         """
         if self.modulo is not None:
             kjt = self.modulo(kjt)
-        lengths = kjt.lengths().view(len(self.names), -1)[0].long()
-        offsets = torch.nn.functional.pad(torch.cumsum(lengths, 0), (1, 0))
+        ids, offsets = history_ids(kjt)
         per_feature = self.ec(kjt)
         embeddings = [per_feature[name].values() for name in self.names]
         if self.concat is not None:
@@ -385,7 +417,6 @@ class SequenceEmbeddings(nn.Module):
         else:
             values = torch.stack(embeddings, dim=0).sum(0)
         if self.match is not None and candidate_category is not None:
-            ids = kjt.values().view(len(self.names), -1)  # key-major, equal lengths
             values = values + self.match(
                 ids[self.names.index(EVENT_CATEGORY)],
                 ids[self.names.index("seq_time_bucket")],
@@ -503,14 +534,8 @@ class InputAdapter(nn.Module):
             ]  # key-major, one id per example
             seq = self.sequence(sequence, candidate)
             if self.share is not None:
-                lengths = sequence.lengths().view(len(SEQUENCE_FEATURES), -1)[0]
-                offsets = torch.nn.functional.pad(
-                    torch.cumsum(lengths.long(), 0), (1, 0)
-                )
-                category = sequence.values().view(len(SEQUENCE_FEATURES), -1)[
-                    self.event_category_index
-                ]  # key-major, equal lengths
-                share = self.share(category, candidate, offsets)
+                ids, offsets = history_ids(sequence)
+                share = self.share(ids[self.event_category_index], candidate, offsets)
                 tokens = torch.cat([tokens, share.unsqueeze(1)], dim=1)
         return InputTokens(tokens, target, seq)
 
