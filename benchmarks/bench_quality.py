@@ -131,6 +131,9 @@ POINTWISE_TARGET = "gem_pointwise_target"
 # GEM whose sequence summary reads the pyramid's summary tokens out
 # (InterFormerConfig.read_prefix), on trial.
 READ_PREFIX = "gem_read_prefix"
+# GEM whose pyramid hands InterFormer the newest 32 first-level tokens beside
+# the top level's (PyramidConfig.recent_tokens), on trial.
+PYRAMID_RECENT = "gem_pyramid_recent"
 # GEM whose TargetMatch has only the joint (match, time, action) rows, without
 # the shared match-bit embedding (EmbeddingConfig.target_match_shared): the
 # evidence for that default.
@@ -154,9 +157,12 @@ GEM_VARIANTS: dict[str, Callable[[ModelConfig], ModelConfig]] = {
         c, interformer=dataclasses.replace(c.interformer, read_prefix=True)
     ),
     JOINT_MATCH: lambda c: _embedding(c, target_match_shared=False),
+    PYRAMID_RECENT: lambda c: dataclasses.replace(
+        c, pyramid=dataclasses.replace(c.pyramid, recent_tokens=32)
+    ),
 }
 # Variants every other model is also bootstrapped against.
-TRIALS = (MATCH_SHARE, POINTWISE_TARGET, READ_PREFIX)
+TRIALS = (MATCH_SHARE, POINTWISE_TARGET, READ_PREFIX, PYRAMID_RECENT)
 
 
 def bayes_probs_aligned(eval_dir: Path, truth_path: Path) -> np.ndarray:

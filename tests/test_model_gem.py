@@ -70,11 +70,17 @@ def test_permuting_the_batch_permutes_the_outputs(name: str) -> None:
     torch.testing.assert_close(permuted, logits[perm], atol=1e-5, rtol=1e-4)
 
 
-@pytest.mark.parametrize("target_weights", ["softmax", "pointwise"])
-def test_an_example_is_independent_of_its_batch_mates(target_weights: str) -> None:
+@pytest.mark.parametrize(
+    "pyramid_changes",
+    [{}, {"target_weights": "pointwise"}, {"recent_tokens": 5}],
+    ids=["default", "pointwise", "recent_tokens"],
+)
+def test_an_example_is_independent_of_its_batch_mates(
+    pyramid_changes: dict[str, object],
+) -> None:
     torch.manual_seed(0)
     cfg = tiny()
-    pyramid = dataclasses.replace(cfg.pyramid, target_weights=target_weights)
+    pyramid = dataclasses.replace(cfg.pyramid, **pyramid_changes)
     model = GEM(dataclasses.replace(cfg, pyramid=pyramid)).eval()
     examples = random_examples([6, 0, 2000, 3], seed=4)
     with torch.no_grad():

@@ -132,12 +132,17 @@ CASES: dict[str, tuple[Callable[[], nn.Module], Callable[[], tuple[Any, ...]], A
     "PyramidLevel": (
         lambda: PyramidLevel(D, PyramidConfig(ratio=2, num_seeds=2)),
         lambda: (seq(), OFFSETS, 9, torch.randn(B, D)),
-        ((2 + 0 + 5 + 1, D), (B, 3, D)),
+        ((2 + 0 + 5 + 1, D), (B, 3, D), (L, D)),
     ),
     "PyramidEncoder": (
         lambda: PyramidEncoder(D, PyramidConfig(num_levels=2, ratio=2)),
         lambda: (JaggedTokens(seq(), OFFSETS, 9), torch.randn(B, D)),
         ((1 + 0 + 3 + 1, D), (B, 6, D)),
+    ),
+    "PyramidEncoder with recent tokens": (
+        lambda: PyramidEncoder(D, PyramidConfig(num_levels=2, ratio=2, recent_tokens=4)),
+        lambda: (JaggedTokens(seq(), OFFSETS, 9), torch.randn(B, D)),
+        ((1 + 0 + 3 + 1 + 3 + 0 + 4 + 1, D), (B, 6, D)),
     ),
     "PersonalizedFFN": (
         lambda: PersonalizedFFN(D, 4),
@@ -377,6 +382,29 @@ def test_read_prefix_hands_the_prefix_tokens_to_the_interaction_arch() -> None:
     # The first Wukong stack sees the 3 prefix tokens besides the 5 inputs,
     # CLS, PMA and recent tokens.
     assert seen[True] == seen[False] + 3
+
+
+def test_pyramid_recent_tokens_follow_the_top_level() -> None:
+    torch.manual_seed(0)
+    plain = PyramidEncoder(D, PyramidConfig(num_levels=2, ratio=2))
+    recent = PyramidEncoder(D, PyramidConfig(num_levels=2, ratio=2, recent_tokens=4))
+    recent.load_state_dict(plain.state_dict())
+    values, target = seq(), torch.randn(B, D)
+    top = plain(JaggedTokens(values, OFFSETS, 9), target)
+    out = recent(JaggedTokens(values, OFFSETS, 9), target)
+    first_level = plain.levels[0](values, OFFSETS, 9, target).mixed
+    torch.testing.assert_close(out.summary, top.summary)
+    top_lengths = (top.tokens.offsets[1:] - top.tokens.offsets[:-1]).tolist()
+    expected = [
+        torch.cat([t, m[-4:]])
+        for t, m in zip(
+            top.tokens.values.split(top_lengths), first_level.split(LENGTHS), strict=True
+        )
+    ]
+    torch.testing.assert_close(out.tokens.values, torch.cat(expected))
+    assert out.tokens.max_len == top.tokens.max_len + 4
+    with pytest.raises(ValueError, match="recent_tokens"):
+        PyramidEncoder(D, PyramidConfig(recent_tokens=-1))
 
 
 def test_sequence_concat_combine() -> None:

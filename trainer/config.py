@@ -106,6 +106,11 @@ class PyramidConfig:
             ``"softmax"`` (weights sum to one per example) or ``"pointwise"``
             (``SiLU(score) / L[b]`` per event, as HSTU; DIN also drops the
             softmax), which keeps how *many* events match the candidate.
+        recent_tokens: InterFormer gets the first level's newest
+            ``recent_tokens`` tokens (before contraction) behind the top
+            level's contracted tokens, so the newest events keep their own
+            tokens while the older ones arrive summarised. ``0``: the top
+            level's tokens only.
     """
 
     enabled: bool = True
@@ -115,6 +120,7 @@ class PyramidConfig:
     num_heads: int = 1
     num_seeds: int = 2
     target_weights: Literal["softmax", "pointwise"] = "softmax"
+    recent_tokens: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)

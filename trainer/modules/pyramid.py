@@ -17,7 +17,10 @@ and LayerNorm, then the level's tokens contract ``T → ceil(T / r)`` by strided
 mean pooling aligned to the newest event. Every level contributes its
 ``1 + num_seeds`` summary tokens; the encoder returns them (B, levels·(1+K), D)
 together with the top level's jagged tokens, both of which feed InterFormer.
-Nothing pads the batch: all ops are jagged-native.
+With ``recent_tokens = k`` the jagged tokens are the top level's followed by
+the first level's ``k`` newest, uncontracted: the newest events keep a token
+each (what InterFormer's recent-token summary reads) while the older ones
+arrive summarised. Nothing pads the batch: all ops are jagged-native.
 """
 
 from __future__ import annotations
@@ -31,7 +34,15 @@ from torch import nn
 from trainer.config import PyramidConfig
 from trainer.modules.attention import PMA, JaggedLocalAttention
 from trainer.modules.embeddings import JaggedTokens
-from trainer.ops import Kernel, jagged_pool, jagged_softmax, segment_ids, segment_sum
+from trainer.ops import (
+    Kernel,
+    jagged_concat,
+    jagged_pool,
+    jagged_softmax,
+    jagged_truncate_last,
+    segment_ids,
+    segment_sum,
+)
 
 
 class TargetAwareAttention(nn.Module):
@@ -106,6 +117,19 @@ class TargetAwareAttention(nn.Module):
         return per_token, self.out(summary).unsqueeze(1)
 
 
+class LevelOutput(NamedTuple):
+    """What one :class:`PyramidLevel` hands on.
+
+    ``contracted``: the next level's jagged tokens; ``summary``:
+    (B, 1 + num_seeds, D); ``mixed``: this level's tokens before contraction
+    (L, D), with the input's offsets.
+    """
+
+    contracted: JaggedTokens
+    summary: torch.Tensor
+    mixed: torch.Tensor
+
+
 class PyramidLevel(nn.Module):
     """One pyramid level: parallel local / target-aware / PMA modules, then contraction.
 
@@ -114,16 +138,17 @@ class PyramidLevel(nn.Module):
         config: window, heads, seeds, ratio.
         kernel: jagged-op implementation.
 
-    Shapes: values (L, D) jagged, target (B, D) → contracted jagged tokens
-    (sum_b ceil(L[b]/r), D) and summary (B, 1 + num_seeds, D).
+    Shapes: values (L, D) jagged, target (B, D) → :class:`LevelOutput` with
+    contracted jagged tokens (sum_b ceil(L[b]/r), D), summary
+    (B, 1 + num_seeds, D) and the uncontracted tokens (L, D).
 
     Example:
         >>> from trainer.config import PyramidConfig
         >>> level = PyramidLevel(8, PyramidConfig(ratio=2, num_seeds=2))
-        >>> tokens, summary = level(
+        >>> out = level(
         ...     torch.randn(3, 8), torch.tensor([0, 2, 2, 3]), 2, torch.randn(3, 8))
-        >>> tokens.values.shape, tokens.offsets.tolist(), summary.shape
-        (torch.Size([2, 8]), [0, 1, 1, 2], torch.Size([3, 3, 8]))
+        >>> out.contracted.offsets.tolist(), out.summary.shape, out.mixed.shape
+        ([0, 1, 1, 2], torch.Size([3, 3, 8]), torch.Size([3, 8]))
     """
 
     def __init__(
@@ -145,7 +170,7 @@ class PyramidLevel(nn.Module):
         offsets: torch.Tensor,
         max_len: int,
         target: torch.Tensor,
-    ) -> tuple[JaggedTokens, torch.Tensor]:
+    ) -> LevelOutput:
         """Encode one level."""
         local = self.local(values, offsets)
         aware, target_summary = self.target(target, values, offsets, max_len)
@@ -153,11 +178,12 @@ class PyramidLevel(nn.Module):
         mixed = self.norm(values + self.combine(torch.cat([local, aware], dim=-1)))
         pooled, pooled_offsets = jagged_pool(mixed, offsets, self.ratio)
         contracted = JaggedTokens(pooled, pooled_offsets, -(-max_len // self.ratio))
-        return contracted, torch.cat([target_summary, seeds], dim=1)
+        return LevelOutput(contracted, torch.cat([target_summary, seeds], dim=1), mixed)
 
 
 class PyramidOutput(NamedTuple):
-    """``tokens``: the top level's jagged tokens; ``summary``: (B, levels·(1+K), D)."""
+    """``tokens``: the top level's jagged tokens, then the first level's newest
+    ``recent_tokens``; ``summary``: (B, levels·(1+K), D)."""
 
     tokens: JaggedTokens
     summary: torch.Tensor
@@ -172,7 +198,8 @@ class PyramidEncoder(nn.Module):
         kernel: jagged-op implementation.
 
     Shapes: jagged (L, D) + target (B, D) → :class:`PyramidOutput` with
-    ``num_summary_tokens = levels · (1 + num_seeds)``.
+    ``num_summary_tokens = levels · (1 + num_seeds)`` and
+    ``ceil(L[b] / r**levels) + min(L[b], recent_tokens)`` tokens per example.
 
     Example:
         >>> from trainer.config import PyramidConfig
@@ -182,6 +209,9 @@ class PyramidEncoder(nn.Module):
         >>> out = enc(seq, torch.randn(2, 8))
         >>> out.tokens.offsets.tolist(), out.summary.shape
         ([0, 2, 2], torch.Size([2, 6, 8]))
+        >>> enc = PyramidEncoder(8, PyramidConfig(num_levels=2, ratio=2, recent_tokens=3))
+        >>> enc(seq, torch.randn(2, 8)).tokens.offsets.tolist()
+        [0, 5, 5]
     """
 
     def __init__(
@@ -192,13 +222,28 @@ class PyramidEncoder(nn.Module):
             PyramidLevel(dim, config, kernel) for _ in range(config.num_levels)
         )
         self.num_summary_tokens = config.num_levels * (1 + config.num_seeds)
+        if config.recent_tokens < 0:
+            raise ValueError(f"recent_tokens must be >= 0, not {config.recent_tokens}")
+        self.recent_tokens = config.recent_tokens
 
     def forward(self, sequence: JaggedTokens, target: torch.Tensor) -> PyramidOutput:
         """Encode the history bottom-up."""
         summaries = []
-        for level in self.levels:
-            sequence, summary = level(
-                sequence.values, sequence.offsets, sequence.max_len, target
+        recent: JaggedTokens | None = None
+        for depth, level in enumerate(self.levels):
+            out = level(sequence.values, sequence.offsets, sequence.max_len, target)
+            if depth == 0 and self.recent_tokens:
+                k = min(self.recent_tokens, sequence.max_len)
+                values, offsets = jagged_truncate_last(out.mixed, sequence.offsets, k)
+                recent = JaggedTokens(values, offsets, k)
+            sequence = out.contracted
+            summaries.append(out.summary)
+        if recent is not None:
+            # Summaries of the whole history first, then the newest events:
+            # InterFormer's rotary positions and recent-token readout both
+            # take the end of the sequence as "now".
+            values, offsets = jagged_concat(
+                sequence.values, sequence.offsets, recent.values, recent.offsets
             )
-            summaries.append(summary)
+            sequence = JaggedTokens(values, offsets, sequence.max_len + recent.max_len)
         return PyramidOutput(sequence, torch.cat(summaries, dim=1))

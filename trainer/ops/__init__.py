@@ -7,6 +7,7 @@ from trainer.ops.attention import (
 )
 from trainer.ops.jagged import (
     dense_to_jagged,
+    jagged_concat,
     jagged_dense_bmm,
     jagged_first_k,
     jagged_last_k,
@@ -26,6 +27,7 @@ __all__ = [
     "capture_jagged_sizes",
     "dense_to_jagged",
     "fbgemm_op",
+    "jagged_concat",
     "jagged_cross_attention",
     "jagged_dense_bmm",
     "jagged_first_k",

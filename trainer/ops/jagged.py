@@ -161,6 +161,27 @@ def jagged_prepend(
     return pt.pytorch_jagged_prepend(prefix, values, offsets)
 
 
+def jagged_concat(
+    first: torch.Tensor,
+    first_offsets: torch.Tensor,
+    second: torch.Tensor,
+    second_offsets: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Join two jagged tensors example by example: ``L[b] = L1[b] + L2[b]``.
+
+    Both must hold the same examples; the output size is known (no host sync).
+
+    Example:
+        >>> v, o = jagged_concat(
+        ...     torch.tensor([[1.0], [2.0]]), torch.tensor([0, 1, 2]),
+        ...     torch.tensor([[-1.0]]), torch.tensor([0, 1, 1]),
+        ... )
+        >>> v.squeeze(-1).tolist(), o.tolist()
+        ([1.0, -1.0, 2.0], [0, 2, 3])
+    """
+    return pt.pytorch_jagged_concat(first, first_offsets, second, second_offsets)
+
+
 def jagged_last_k(
     values: torch.Tensor, offsets: torch.Tensor, k: int
 ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -165,6 +165,30 @@ def pytorch_jagged_prepend(
     return out, new_offsets
 
 
+def pytorch_jagged_concat(
+    first: torch.Tensor,
+    first_offsets: torch.Tensor,
+    second: torch.Tensor,
+    second_offsets: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each example's ``first`` tokens followed by its ``second`` tokens."""
+    n_first, n_second = first.shape[0], second.shape[0]
+    new_offsets = first_offsets + second_offsets
+    # Token j of example b's first part lands after example b's earlier
+    # second parts; token j of its second part, after its whole first part:
+    # two scatters of known size, no mask.
+    seg_first = pytorch_segment_ids(first_offsets, n_first)
+    seg_second = pytorch_segment_ids(second_offsets, n_second)
+    first_dest = torch.arange(n_first, device=first.device) + second_offsets[seg_first]
+    second_dest = (
+        torch.arange(n_second, device=first.device) + first_offsets[seg_second + 1]
+    )
+    out = first.new_empty((n_first + n_second, *first.shape[1:]))
+    out = torch.index_put(out, (first_dest,), first)
+    out = torch.index_put(out, (second_dest,), second)
+    return out, new_offsets
+
+
 def pytorch_jagged_last_k(
     values: torch.Tensor, offsets: torch.Tensor, k: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
