@@ -140,7 +140,9 @@ CASES: dict[str, tuple[Callable[[], nn.Module], Callable[[], tuple[Any, ...]], A
         ((1 + 0 + 3 + 1, D), (B, 6, D)),
     ),
     "PyramidEncoder with recent tokens": (
-        lambda: PyramidEncoder(D, PyramidConfig(num_levels=2, ratio=2, recent_tokens=4)),
+        lambda: PyramidEncoder(
+            D, PyramidConfig(num_levels=2, ratio=2, recent_tokens=4)
+        ),
         lambda: (JaggedTokens(seq(), OFFSETS, 9), torch.randn(B, D)),
         ((1 + 0 + 3 + 1 + 3 + 0 + 4 + 1, D), (B, 6, D)),
     ),
@@ -398,7 +400,9 @@ def test_pyramid_recent_tokens_follow_the_top_level() -> None:
     expected = [
         torch.cat([t, m[-4:]])
         for t, m in zip(
-            top.tokens.values.split(top_lengths), first_level.split(LENGTHS), strict=True
+            top.tokens.values.split(top_lengths),
+            first_level.split(LENGTHS),
+            strict=True,
         )
     ]
     torch.testing.assert_close(out.tokens.values, torch.cat(expected))

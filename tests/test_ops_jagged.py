@@ -18,8 +18,8 @@ from trainer.ops import (
     Kernel,
     dense_to_jagged,
     fbgemm_op,
-    jagged_dense_bmm,
     jagged_concat,
+    jagged_dense_bmm,
     jagged_first_k,
     jagged_last_k,
     jagged_pool,
@@ -214,9 +214,12 @@ def test_jagged_concat(lengths: list[int], data: st.DataObject) -> None:
     first, second = torch.randn(sum(lengths), 2), torch.randn(sum(second_lengths), 2)
     first_offsets, second_offsets = offsets_of(lengths), offsets_of(second_lengths)
     _, new_offsets = jagged_concat(first, first_offsets, second, second_offsets)
-    assert new_offsets.tolist() == offsets_of(
-        [a + b for a, b in zip(lengths, second_lengths, strict=True)]
-    ).tolist()
+    assert (
+        new_offsets.tolist()
+        == offsets_of(
+            [a + b for a, b in zip(lengths, second_lengths, strict=True)]
+        ).tolist()
+    )
     assert_same_with_grads(
         lambda a, b: jagged_concat(a, first_offsets, b, second_offsets)[0],
         lambda a, b: torch.cat(

@@ -209,8 +209,8 @@ class PyramidEncoder(nn.Module):
         >>> out = enc(seq, torch.randn(2, 8))
         >>> out.tokens.offsets.tolist(), out.summary.shape
         ([0, 2, 2], torch.Size([2, 6, 8]))
-        >>> enc = PyramidEncoder(8, PyramidConfig(num_levels=2, ratio=2, recent_tokens=3))
-        >>> enc(seq, torch.randn(2, 8)).tokens.offsets.tolist()
+        >>> cfg = PyramidConfig(num_levels=2, ratio=2, recent_tokens=3)
+        >>> PyramidEncoder(8, cfg)(seq, torch.randn(2, 8)).tokens.offsets.tolist()
         [0, 5, 5]
     """
 
