@@ -10,7 +10,9 @@ Usage::
 Per data set, one process, time forward in four parts:
 
 1. **teacher period**: GEM (``bench_quality.bench_config``: the ``default``
-   preset, tables capped, short windows) trained offline, then frozen;
+   preset, tables capped, short windows; on MovieLens with TargetMatch's
+   joint rows only, as ``bench_quality`` chose there) trained offline, then
+   frozen;
 2. **student period**: the teacher-output job runs the frozen teacher once
    per example of everything after (1); every student trains on the
    student days, with those outputs (the teacher is stale, as in ExFM, and
@@ -54,7 +56,12 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import torch
 
-from benchmarks.bench_quality import SHARED, TABLE_CAP, bench_config
+from benchmarks.bench_quality import (
+    MOVIELENS_TARGET_MATCH_SHARED,
+    SHARED,
+    TABLE_CAP,
+    bench_config,
+)
 from benchmarks.machine import cpu_model
 from features.metrics import binary_metrics
 from features.vocab import DOMAINS, TRAINING_OBJECTIVES
@@ -233,8 +240,10 @@ def run_section(
     work: Path,
     teacher_args: dict[str, Any],
     truth: Path | None = None,
+    target_match_shared: bool = True,
 ) -> dict[str, Any]:
-    config = bench_config(args.max_seq_len)
+    # The teacher is the GEM bench_quality measures on the same data.
+    config = bench_config(args.max_seq_len, target_match_shared)
     started = time.perf_counter()
     data = ExampleDataset(teacher_features, max_seq_len=args.max_seq_len)
     ckpt = train_teacher(data, config, work / "teacher", seed=args.seed, **teacher_args)
@@ -530,6 +539,7 @@ def movielens_section(args: argparse.Namespace, work: Path) -> dict[str, Any] | 
             "lr": args.teacher_lr,
             "max_steps_per_epoch": args.ml_steps,
         },
+        target_match_shared=MOVIELENS_TARGET_MATCH_SHARED,
     ) | {"cuts_ms": cuts}
 
 
