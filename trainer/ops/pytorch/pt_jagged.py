@@ -144,27 +144,6 @@ def pytorch_jagged_pool(
     return summed / count.view(-1, *([1] * (values.dim() - 1))), new_offsets
 
 
-def pytorch_jagged_prepend(
-    prefix: torch.Tensor, values: torch.Tensor, offsets: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Put ``P`` dense tokens (B, P, D) in front of every sequence."""
-    batch, p = prefix.shape[0], prefix.shape[1]
-    total = values.shape[0]
-    seg = pytorch_segment_ids(offsets, total)
-    arange_b = torch.arange(batch + 1, device=offsets.device)
-    new_offsets = offsets + p * arange_b
-    out = values.new_empty((total + batch * p, *values.shape[1:]))
-    seq_dest = torch.arange(total, device=values.device) + p * (seg + 1)
-    prefix_dest = (
-        new_offsets[:-1].unsqueeze(1) + torch.arange(p, device=values.device)
-    ).reshape(-1)
-    out = torch.index_put(out, (seq_dest,), values)
-    out = torch.index_put(
-        out, (prefix_dest,), prefix.reshape(batch * p, *values.shape[1:])
-    )
-    return out, new_offsets
-
-
 def pytorch_jagged_concat(
     first: torch.Tensor,
     first_offsets: torch.Tensor,
@@ -187,6 +166,18 @@ def pytorch_jagged_concat(
     out = torch.index_put(out, (first_dest,), first)
     out = torch.index_put(out, (second_dest,), second)
     return out, new_offsets
+
+
+def pytorch_jagged_prepend(
+    prefix: torch.Tensor, values: torch.Tensor, offsets: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Put ``P`` dense tokens (B, P, D) in front of every sequence."""
+    batch, p = prefix.shape[0], prefix.shape[1]
+    # A dense prefix is a jagged tensor whose every length is P.
+    prefix_offsets = p * torch.arange(batch + 1, device=offsets.device)
+    return pytorch_jagged_concat(
+        prefix.reshape(batch * p, *values.shape[1:]), prefix_offsets, values, offsets
+    )
 
 
 def pytorch_jagged_last_k(
