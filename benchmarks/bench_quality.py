@@ -6,7 +6,7 @@ Usage::
         [--users 20000 --ads 2000 --days 7] [--epochs 3] [--steps 120]
         [--batch-size 256] [--max-seq-len 32] [--validation-sample 10000]
         [--lrs 1e-3,3e-3] [--device auto|cpu|cuda] [--precision fp32|bf16]
-        [--prepare-only] [--work DIR] [--json FILE]
+        [--prepare-only] [--work DIR] [--json FILE] [--seeds 0,1,2]
         [--target-match-ablation] [--match-share] [--variants gem_joint_match,...]
 
 Three periods per data set, split forward in time at fixed timestamps:
@@ -35,6 +35,16 @@ the eval impressions, and the fraction of the DLRM → Bayes NE gap GEM closes.
 message when absent) → ``pipelines.movielens`` → reference features → eval =
 the last 10 % of impressions (fixed timestamp), validation = the last 10 % of
 the rest.
+
+Training seeds: ``--seed`` seeds the generator and, alone, the training
+(model init and the epochs' samples). ``--seeds 0,1,2`` trains every model
+once per seed on the same data (``WORK/*_models/seed<S>/``; processes can
+split seeds and models as above, then ``--combine --seeds``), chooses each
+model's learning rate on the mean over seeds of the best validation NE, and
+reports the mean over seeds, with the all/click NE per seed and each
+model's difference from GEM paired seed by seed
+(:mod:`benchmarks.quality_seeds`). A seed moves NE by up to 0.01, which the
+bootstrap below does not see.
 
 Significance: a paired bootstrap over eval impressions (Poisson(1) weights,
 ``--bootstrap`` resamples) gives a 95 % interval for every model's overall
@@ -65,6 +75,8 @@ import numpy as np
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from benchmarks import quality_seeds
+from benchmarks.quality_seeds import best_validation
 from features.metrics import binary_metrics
 from features.vocab import DOMAINS, TRAINING_OBJECTIVES
 from pipelines import movielens, reference
@@ -238,8 +250,8 @@ def run_models(
             print(
                 f"  {label} lr {lr:g}: {report['wall_s']:.0f} s, "
                 f"{t['examples_per_s'] or 0:.0f} ex/s; validation NE by epoch "
-                f"{[round(x, 4) for x in t['epoch_validation_click_ne']]}, "
-                f"train NE {[round(x, 4) for x in t['epoch_train_click_ne']]}",
+                f"{[_f(x) for x in t['epoch_validation_click_ne']]}, "
+                f"train NE {[_f(x) for x in t['epoch_train_click_ne']]}",
                 flush=True,
             )
     for label, candidates in tried.items():
@@ -247,22 +259,14 @@ def run_models(
     return reports
 
 
-def _best_validation(report: dict[str, Any]) -> float:
-    """The lowest per-epoch validation click NE of one run (inf: none)."""
-    values = [v for v in report["train"]["epoch_validation_click_ne"] if v is not None]
-    return min(values) if values else math.inf
-
-
 def _select(
     candidates: list[tuple[dict[str, Any], dict[str, np.ndarray]]],
 ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """The run with the best validation NE; its report notes the whole grid."""
-    best_report, best_predictions = min(
-        candidates, key=lambda c: _best_validation(c[0])
-    )
+    best_report, best_predictions = min(candidates, key=lambda c: best_validation(c[0]))
     chosen = dict(best_report)
     chosen["lr_grid"] = {
-        f"{c[0]['config']['fit']['lr']:g}": _best_validation(c[0]) for c in candidates
+        f"{c[0]['config']['fit']['lr']:g}": best_validation(c[0]) for c in candidates
     }
     chosen["selected_lr"] = best_report["config"]["fit"]["lr"]
     return chosen, best_predictions
@@ -297,7 +301,7 @@ def _interval(x: np.ndarray, key: str = "diff_mean") -> dict[str, float]:
 
 
 def bootstrap_vs_gem(
-    predictions: dict[str, dict[str, np.ndarray]],
+    predictions: dict[str, Any],
     bayes_probs: np.ndarray | None = None,
     resamples: int = 1000,
     seed: int = 0,
@@ -305,6 +309,11 @@ def bootstrap_vs_gem(
 ) -> dict[str, Any]:
     """Paired bootstrap over eval impressions of overall click NE differences.
 
+    ``predictions``: by model, one run's eval predictions, or a list of
+    runs (training seeds): a model's NE is then the mean of its seeds' NE
+    under the same weights, so the interval is that of the seed-mean
+    difference over eval impressions (the seeds' own spread is reported
+    beside it, :func:`benchmarks.quality_seeds.paired_by_seed`).
     ``reference``: the model the others are compared with (GEM, or a GEM
     variant on trial).
 
@@ -318,8 +327,15 @@ def bootstrap_vs_gem(
     """
     if reference not in predictions:
         return {}
-    ref = predictions[reference]
-    y = ref["labels"][:, 0].astype(np.float64)
+    runs = {
+        name: pred if isinstance(pred, list) else [pred]
+        for name, pred in predictions.items()
+    }
+    labels = runs[reference][0]["labels"][:, 0]
+    for name, model_runs in runs.items():
+        for run in model_runs:
+            assert np.array_equal(run["labels"][:, 0], labels), name
+    y = labels.astype(np.float64)
     rng = np.random.default_rng(seed)
     chunks = []
     for start in range(0, resamples, 100):
@@ -331,15 +347,16 @@ def bootstrap_vs_gem(
             [_weighted_ne(y, p.astype(np.float64), w) for w in weights]
         )
 
-    ref_ne = ne(ref["probs"][:, 0])
+    def mean_ne(model_runs: list[dict[str, np.ndarray]]) -> np.ndarray:
+        return np.mean([ne(run["probs"][:, 0]) for run in model_runs], axis=0)
+
+    ref_ne = mean_ne(runs[reference])
     out: dict[str, Any] = {}
-    for name, pred in predictions.items():
-        if name == reference:
-            continue
-        assert np.array_equal(pred["labels"][:, 0], ref["labels"][:, 0]), name
-        out[name] = _interval(ne(pred["probs"][:, 0]) - ref_ne)
-    if bayes_probs is not None and "dlrm" in predictions:
-        dlrm = ne(predictions["dlrm"]["probs"][:, 0])
+    for name, model_runs in runs.items():
+        if name != reference:
+            out[name] = _interval(mean_ne(model_runs) - ref_ne)
+    if bayes_probs is not None and "dlrm" in runs:
+        dlrm = mean_ne(runs["dlrm"])
         best = ne(bayes_probs)
         share = (dlrm - ref_ne) / (dlrm - best)
         lo, hi = np.percentile(share, [2.5, 97.5])
@@ -497,6 +514,76 @@ def requested_variants(args: argparse.Namespace) -> tuple[str, ...]:
     )
 
 
+def train_or_combine(
+    args: argparse.Namespace,
+    train: Path,
+    validation: Path,
+    evals: Path,
+    cfg: ModelConfig,
+    root: Path,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Every model's report and eval predictions, trained now or loaded.
+
+    One training seed (``--seed``): as :func:`run_models`. With ``--seeds``:
+    each seed's runs are saved under ``root/seed<S>`` (trained now unless
+    ``--combine``), then every model saved for all seeds gets its mean
+    report and its per-seed predictions (:mod:`benchmarks.quality_seeds`).
+    """
+    variants = requested_variants(args)
+    if not args.seeds:
+        predictions: dict[str, Any] = {}
+        reports = run_models(
+            train,
+            validation,
+            evals,
+            cfg,
+            predictions,
+            variants=variants,
+            **run_args(args, root),
+        )
+        return reports, predictions
+    if not args.combine:
+        for seed in args.seeds:
+            print(f"training seed {seed}", flush=True)
+            run_models(
+                train,
+                validation,
+                evals,
+                cfg,
+                {},
+                variants=variants,
+                **{
+                    **run_args(args, quality_seeds.seed_dir(root, seed)),
+                    "seed": seed,
+                },
+            )
+    return quality_seeds.combine(root, args.seeds, [*MODEL_NAMES, *variants])
+
+
+def seed_figures(
+    args: argparse.Namespace, reports: dict[str, Any], bayes: dict[str, Any] | None
+) -> dict[str, Any]:
+    """With ``--seeds``: the per-seed pairing against GEM (and, on generated
+    data, the share of the gap GEM closes on each seed); else nothing."""
+    if not args.seeds:
+        return {}
+    out: dict[str, Any] = {
+        "seeds": args.seeds,
+        "paired_by_seed": quality_seeds.paired_by_seed(reports),
+    }
+    if bayes is not None and {"gem", "dlrm"} <= reports.keys():
+        best = bayes["overall"]["click"]["ne"]
+        out["gap_closed_by_seed"] = [
+            (d - g) / (d - best)
+            for d, g in zip(
+                reports["dlrm"]["per_seed_click_ne"],
+                reports["gem"]["per_seed_click_ne"],
+                strict=True,
+            )
+        ]
+    return out
+
+
 def generated(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     """Section (a)."""
     gen = GeneratorConfig(
@@ -533,15 +620,9 @@ def generated(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     )
     if args.prepare_only:
         return {"prepared": counts}
-    predictions: dict[str, dict[str, np.ndarray]] = {}
-    reports = run_models(
-        train,
-        validation,
-        evals,
-        bench_config(args.max_seq_len),
-        predictions,
-        variants=requested_variants(args),
-        **run_args(args, work / "gen_models"),
+    cfg = bench_config(args.max_seq_len)
+    reports, predictions = train_or_combine(
+        args, train, validation, evals, cfg, work / "gen_models"
     )
     bayes = bayes_on(evals, work / "gen" / "truth.parquet")
     bayes_probs = bayes_probs_aligned(evals, work / "gen" / "truth.parquet")
@@ -550,6 +631,7 @@ def generated(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         for k in [f"{d}/click" for d in DOMAINS] + ["all/click", "all/conversion"]
     }
     return {
+        **seed_figures(args, reports, bayes),
         "cut_ms": cut,
         "validation_cut_ms": validation_cut,
         "train": counts[0],
@@ -603,17 +685,16 @@ def movielens_section(args: argparse.Namespace, work: Path) -> dict[str, Any] | 
     )
     if args.prepare_only:
         return {"prepared": counts}
-    predictions: dict[str, dict[str, np.ndarray]] = {}
-    reports = run_models(
+    reports, predictions = train_or_combine(
+        args,
         train,
         validation,
         evals,
         bench_config(args.max_seq_len, MOVIELENS_TARGET_MATCH_SHARED),
-        predictions,
-        variants=requested_variants(args),
-        **run_args(args, work / "ml_models"),
+        work / "ml_models",
     )
     return {
+        **seed_figures(args, reports, None),
         "cut_ms": cut,
         "validation_cut_ms": validation_cut,
         "train": counts[0],
@@ -622,6 +703,26 @@ def movielens_section(args: argparse.Namespace, work: Path) -> dict[str, Any] | 
         "models": reports,
         "bootstrap": bootstrap_vs_gem(predictions, None, args.bootstrap),
     }
+
+
+def print_seeds(section: dict[str, Any]) -> None:
+    """The per-seed table of a ``--seeds`` run (the tables above are means)."""
+    if "seeds" not in section:
+        return
+    print("\n### all/click NE by training seed (tables above: means over seeds)\n")
+    print(
+        quality_seeds.seed_table(
+            section["models"],
+            section["paired_by_seed"],
+            section["bootstrap"],
+            section["seeds"],
+        )
+    )
+    if "gap_closed_by_seed" in section:
+        print(
+            "GEM share of the DLRM→Bayes gap closed, by seed:",
+            [round(x, 3) for x in section["gap_closed_by_seed"]],
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -694,7 +795,20 @@ def main(argv: list[str] | None = None) -> int:
         default="",
         help="comma-separated GEM variants to train too: " + ", ".join(GEM_VARIANTS),
     )
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="the generator's seed; also the training seed unless --seeds",
+    )
+    p.add_argument(
+        "--seeds",
+        type=lambda v: [int(x) for x in v.split(",")],
+        default=None,
+        help="comma-separated training seeds (same data): each model is "
+        "trained on every seed, chosen on mean validation NE, and reported "
+        "as the mean over seeds with the per-seed NE beside it",
+    )
     p.add_argument(
         "--movielens",
         type=Path,
@@ -720,6 +834,7 @@ def main(argv: list[str] | None = None) -> int:
             {k: round(v, 3) for k, v in g["gem_gap_closed"].items()},
         )
         print("models below Bayes NE:", g["beats_bayes"] or "none")
+        print_seeds(g)
         print("paired bootstrap, all/click:", json.dumps(g["bootstrap"], indent=1))
         for trial in TRIALS:
             if against := g[f"bootstrap_vs_{trial}"]:
@@ -731,6 +846,7 @@ def main(argv: list[str] | None = None) -> int:
                 "\n## MovieLens-1M-dev: NE / AUC / calibration (click = conversion)\n"
             )
             print(table(m["models"], ("click",)))
+            print_seeds(m)
             print("paired bootstrap, all/click:", json.dumps(m["bootstrap"], indent=1))
     result["seconds"] = time.perf_counter() - started
     print(f"\ntotal {result['seconds']:.0f} s")
