@@ -150,11 +150,26 @@ PYRAMID_RECENT = "gem_pyramid_recent"
 # the shared match-bit embedding (EmbeddingConfig.target_match_shared): the
 # evidence for that default.
 JOINT_MATCH = "gem_joint_match"
+# GEM whose event tokens know nothing of the candidate: no TargetMatch, no
+# pyramid (so no target-aware attention). Its sequence arch meets the
+# candidate only through interleaving, as in the InterFormer paper; with its
+# "sep" twin it asks whether interleaving helps when nothing else makes the
+# sequence target-aware.
+UNTARGETED = "gem_untargeted"
+UNTARGETED_SEP = "gem_untargeted_sep"
 
 
 def _embedding(cfg: ModelConfig, **changes: Any) -> ModelConfig:
     return dataclasses.replace(
         cfg, embedding=dataclasses.replace(cfg.embedding, **changes)
+    )
+
+
+def _untargeted(cfg: ModelConfig, interleave: bool) -> ModelConfig:
+    return dataclasses.replace(
+        _embedding(cfg, target_match=False),
+        pyramid=dataclasses.replace(cfg.pyramid, enabled=False),
+        interformer=dataclasses.replace(cfg.interformer, interleave=interleave),
     )
 
 
@@ -172,6 +187,8 @@ GEM_VARIANTS: dict[str, Callable[[ModelConfig], ModelConfig]] = {
     PYRAMID_RECENT: lambda c: dataclasses.replace(
         c, pyramid=dataclasses.replace(c.pyramid, recent_tokens=32)
     ),
+    UNTARGETED: lambda c: _untargeted(c, interleave=True),
+    UNTARGETED_SEP: lambda c: _untargeted(c, interleave=False),
 }
 # Variants every other model is also bootstrapped against.
 TRIALS = (MATCH_SHARE, POINTWISE_TARGET, READ_PREFIX, PYRAMID_RECENT)
