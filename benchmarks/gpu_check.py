@@ -3,7 +3,8 @@
 Usage::
 
     python -m benchmarks.gpu_check [--preset default|large] [--batch-size 1024]
-        [--steps 50] [--no-compile] [--peak-tflops T] [--device cpu]
+        [--steps 50] [--no-compile] [--backend aot_eager] [--peak-tflops T]
+        [--device cpu]
     python -m benchmarks.gpu_check --smoke        # seconds, on CPU, eager
 
 Written for a CUDA machine with torch (2.11+) but **without torchrec or
@@ -209,6 +210,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--max-len", type=int, default=4096)
     p.add_argument("--no-compile", action="store_true")
+    p.add_argument(
+        "--backend",
+        default="inductor",
+        help="torch.compile backend; aot_eager checks graphs and recompiles "
+        "on a CPU without generating code",
+    )
     p.add_argument("--peak-tflops", type=float, default=None)
     p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
     p.add_argument("--smoke", action="store_true", help="tiny, CPU, few steps, eager")
@@ -235,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
         forward = model
     else:
         capture_jagged_sizes()
-        forward = torch.compile(model)
+        forward = torch.compile(model, backend=args.backend)
 
     def step(b: dict[str, Any]) -> torch.Tensor:
         # The jagged total differs in every batch: symbolic from the start.
@@ -306,7 +313,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(
         f"device {name}, preset {args.preset}, batch {args.batch_size}, "
-        f"bf16 autocast {device.type == 'cuda'}, compile {not args.no_compile}"
+        f"bf16 autocast {device.type == 'cuda'}, "
+        f"compile {'off' if args.no_compile else args.backend}"
     )
     print(
         f"params {sum(q.numel() for q in model.parameters()) / 1e6:.1f} M, "

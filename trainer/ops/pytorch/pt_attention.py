@@ -13,7 +13,6 @@ import torch
 import torch.nn.functional as F
 
 from trainer.ops.pytorch.pt_jagged import (
-    check_size,
     pytorch_dense_to_jagged,
     pytorch_jagged_softmax,
     pytorch_jagged_to_padded_dense,
@@ -33,53 +32,54 @@ def pytorch_jagged_local_attention(
 
     Token ``i`` attends to itself and the ``window - 1`` tokens before it in
     its own sequence. Jagged-native, no padding to the longest sequence: the
-    packed tokens are cut into chunks of ``window`` (the last one topped up
-    with fewer than ``window`` zeros), and each chunk's queries attend to
-    that chunk and the one before it (every key a query can see is there)
-    under a mask for the band and the sequence boundary. That is one
-    ``scaled_dot_product_attention`` over (L / window, H, window, 2 window):
-    twice the band's multiply-adds, but as batched matmuls instead of a
-    gathered (L, window, H, Dh) copy of the keys and values, which made the
-    op 9-15x slower on CPU at window 16.
+    packed tokens are read as a grid of chunks of ``window`` positions, and
+    each chunk's queries attend to that chunk and the one before it (every
+    key a query can see is there) under a mask for the band and the sequence
+    boundary. That is one ``scaled_dot_product_attention`` over
+    (L / window, H, window, 2 window): twice the band's multiply-adds, but as
+    batched matmuls instead of a gathered (L, window, H, Dh) copy of the keys
+    and values, which made the op 9-15x slower on CPU at window 16.
+
+    Written for torch.compile, where ``L`` is symbolic (unbacked after a
+    pyramid level): the chunks are gathered from ``q, k, v`` topped up with a
+    fixed number of zeros, never cut from tensors of data-dependent size, as
+    data-dependent zero fills and slices each cost a guard (so a second
+    graph for some ``L``), a graph break, or (torch 2.11's inductor) a failed
+    lowering.
     """
     total, heads, dh = q.shape
     chunk = window
-    num_chunks = (total + chunk - 1) // chunk
-    pad = num_chunks * chunk - total
-    check_size(pad)
-    seg = pytorch_segment_ids(offsets, total)
-    # First token of every token's sequence; the top-up tokens are a
-    # sequence of their own (they start at ``total``), so no real query sees
-    # them.
-    first = torch.cat([offsets[seg], offsets.new_full((pad,), total)])
-    first = first.view(num_chunks, chunk, 1)
-
-    def with_previous_chunk(t: torch.Tensor) -> torch.Tensor:
-        # A zero chunk in front, then chunk i's keys are chunks i-1 and i.
-        # (torch.cat, not F.pad: under torch.compile ``pad`` is a
-        # data-dependent size, which F.pad cannot take.)
-        chunks = torch.cat(
-            [t.new_zeros(chunk, heads, dh), t, t.new_zeros(pad, heads, dh)]
-        ).view(num_chunks + 1, chunk, heads, dh)
-        return torch.cat([chunks[:-1], chunks[1:]], dim=1).transpose(1, 2)
-
+    # Positions past the last token (1 to 2 chunks of them) are a sequence
+    # of their own that no real query sees. At least two chunks: CUDA's
+    # scaled_dot_product_attention asks whether the batch (the chunk count)
+    # is 1, which for an unbacked count breaks the graph.
+    num_chunks = total // chunk + 2
     position = torch.arange(num_chunks * chunk, device=q.device).view(num_chunks, chunk)
-    query_pos = position.unsqueeze(2)  # (C, W, 1)
-    key_pos = (position[:, :1] - chunk + torch.arange(2 * chunk, device=q.device))[
-        :, None, :
-    ]  # (C, 1, 2W)
+    key_pos = position[:, :1] - chunk + torch.arange(2 * chunk, device=q.device)
+    # First position of every position's sequence: offsets[b] inside
+    # sequence b, ``total`` past the end (offsets[B] is the total).
+    first = offsets[torch.searchsorted(offsets[1:], position, right=True)]
     visible = (
-        (key_pos <= query_pos) & (key_pos > query_pos - window) & (key_pos >= first)
-    )
-    queries = torch.cat([q, q.new_zeros(pad, heads, dh)])
-    queries = queries.view(num_chunks, chunk, heads, dh)
+        (key_pos[:, None, :] <= position[:, :, None])
+        & (key_pos[:, None, :] > position[:, :, None] - window)
+        & (key_pos[:, None, :] >= first[:, :, None])
+    )  # (C, W, 2W)
+
+    def gather(t: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
+        # Rows ``at`` of ``t`` (-chunk <= at < total + 2 chunk), zeros outside.
+        zeros = t.new_zeros(chunk, heads * dh)
+        topped_up = torch.cat([zeros, t.reshape(total, heads * dh), zeros, zeros])
+        rows = topped_up.index_select(0, (at + chunk).flatten())
+        return rows.view(*at.shape, heads, dh).transpose(1, 2)  # (C, H, n, Dh)
+
     out = F.scaled_dot_product_attention(
-        queries.transpose(1, 2),
-        with_previous_chunk(k),
-        with_previous_chunk(v),
+        gather(q, position),
+        gather(k, key_pos),
+        gather(v, key_pos),
         attn_mask=visible.unsqueeze(1),
     )
-    return out.transpose(1, 2).reshape(num_chunks * chunk, heads, dh)[:total]
+    out = out.transpose(1, 2).reshape(num_chunks * chunk, heads, dh)
+    return out.index_select(0, torch.arange(total, device=q.device))
 
 
 def pytorch_jagged_cross_attention(
