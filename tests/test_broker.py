@@ -114,11 +114,19 @@ def test_kafka_cluster_uses_an_external_cluster_as_is(
         assert settings.bootstrap != kafka_settings.bootstrap
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_cli_runs_until_interrupted(tmp_path: Path) -> None:
     process = subprocess.Popen(
         [sys.executable, "-m", "features.kafka.broker", "--topic", "events:4"],
         stdout=subprocess.PIPE,
         text=True,
+        # Ctrl-C as a terminal delivers it: a test run started in the
+        # background of a script (`make test &`) has SIGINT ignored, which the
+        # child would inherit, and then it never sees the signal.
+        preexec_fn=_default_sigint,
     )
     try:
         assert process.stdout is not None
