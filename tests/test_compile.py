@@ -125,8 +125,7 @@ def test_local_attention_compiles_once_for_any_total() -> None:
     # Totals that are and are not multiples of the window, on a dynamic
     # (backed) input size, as benchmarks.gpu_check feeds the trunk: a zero
     # top-up of data-dependent size, empty for some totals, used to compile a
-    # second graph (found on the H200; torch 2.11 also guarded on a top-up of
-    # one row).
+    # second graph (found on the H200).
     capture_jagged_sizes()
     counter = CompileCounter()
     compiled = torch.compile(jagged_local_attention, backend=counter)

@@ -49,10 +49,11 @@ def pytorch_jagged_local_attention(
     """
     total, heads, dh = q.shape
     chunk = window
-    # Positions past the last token (1 to 2 chunks of them) are a sequence
-    # of their own that no real query sees. At least two chunks: CUDA's
-    # scaled_dot_product_attention asks whether the batch (the chunk count)
-    # is 1, which for an unbacked count breaks the graph.
+    # Positions past the last token (more than one chunk of them, at most
+    # two) are a sequence of their own that no real query sees. At least two
+    # chunks, so that CUDA's scaled_dot_product_attention can tell that its
+    # batch (the chunk count) is not 1: it asks, and for an unbacked count
+    # the question broke the graph.
     num_chunks = total // chunk + 2
     position = torch.arange(num_chunks * chunk, device=q.device).view(num_chunks, chunk)
     key_pos = position[:, :1] - chunk + torch.arange(2 * chunk, device=q.device)
