@@ -60,10 +60,12 @@ def pytorch_jagged_local_attention(
     # First position of every position's sequence: offsets[b] inside
     # sequence b, ``total`` past the end (offsets[B] is the total).
     first = offsets[torch.searchsorted(offsets[1:], position, right=True)]
+    query_at = position[:, :, None]  # (C, W, 1)
+    key_at = key_pos[:, None, :]  # (C, 1, 2W)
     visible = (
-        (key_pos[:, None, :] <= position[:, :, None])
-        & (key_pos[:, None, :] > position[:, :, None] - window)
-        & (key_pos[:, None, :] >= first[:, :, None])
+        (key_at <= query_at)
+        & (key_at > query_at - window)
+        & (key_at >= first[:, :, None])
     )  # (C, W, 2W)
 
     def gather(t: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
