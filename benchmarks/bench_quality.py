@@ -157,6 +157,16 @@ JOINT_MATCH = "gem_joint_match"
 # sequence target-aware.
 UNTARGETED = "gem_untargeted"
 UNTARGETED_SEP = "gem_untargeted_sep"
+# GEM whose interleaved sequence arch has the per-token FFN after the PFFN
+# (InterFormerConfig.token_ffn), as its "sep" ablation has in place of it.
+TOKEN_FFN = "gem_token_ffn"
+# GEM with the token FFN whose exchange between the arches starts at zero
+# (InterFormerConfig.quiet_pffn and quiet_s_sum): does interleaving lose to
+# "sep" only because its exchange is noise early in training? And the two
+# halves: only the events' PFFN, or only S_sum into Wukong, starts silent.
+QUIET_START = "gem_quiet_start"
+QUIET_PFFN = "gem_quiet_pffn"
+QUIET_S_SUM = "gem_quiet_s_sum"
 
 
 def _embedding(cfg: ModelConfig, **changes: Any) -> ModelConfig:
@@ -170,6 +180,15 @@ def _untargeted(cfg: ModelConfig, interleave: bool) -> ModelConfig:
         _embedding(cfg, target_match=False),
         pyramid=dataclasses.replace(cfg.pyramid, enabled=False),
         interformer=dataclasses.replace(cfg.interformer, interleave=interleave),
+    )
+
+
+def _quiet(cfg: ModelConfig, pffn: bool, s_sum: bool) -> ModelConfig:
+    return dataclasses.replace(
+        cfg,
+        interformer=dataclasses.replace(
+            cfg.interformer, token_ffn=True, quiet_pffn=pffn, quiet_s_sum=s_sum
+        ),
     )
 
 
@@ -189,9 +208,18 @@ GEM_VARIANTS: dict[str, Callable[[ModelConfig], ModelConfig]] = {
     ),
     UNTARGETED: lambda c: _untargeted(c, interleave=True),
     UNTARGETED_SEP: lambda c: _untargeted(c, interleave=False),
+    TOKEN_FFN: lambda c: dataclasses.replace(
+        c, interformer=dataclasses.replace(c.interformer, token_ffn=True)
+    ),
+    QUIET_START: lambda c: _quiet(c, pffn=True, s_sum=True),
+    QUIET_PFFN: lambda c: _quiet(c, pffn=True, s_sum=False),
+    QUIET_S_SUM: lambda c: _quiet(c, pffn=False, s_sum=True),
 }
 # Variants every other model is also bootstrapped against.
 TRIALS = (MATCH_SHARE, POINTWISE_TARGET, READ_PREFIX, PYRAMID_RECENT)
+# Besides GEM, the models every other one is bootstrapped against (when run):
+# the trials, and the "sep" ablation, the one that beats GEM on generated data.
+REFERENCES = (*TRIALS, "gem_no_interleave")
 
 
 def bayes_probs_aligned(eval_dir: Path, truth_path: Path) -> np.ndarray:
@@ -658,14 +686,31 @@ def generated(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "bayes": bayes,
         "gem_gap_closed": gaps,
         "bootstrap": bootstrap_vs_gem(predictions, bayes_probs, args.bootstrap),
-        **{
-            f"bootstrap_vs_{trial}": bootstrap_vs_gem(
-                predictions, bayes_probs, args.bootstrap, reference=trial
-            )
-            for trial in TRIALS
-        },
+        **bootstraps_vs_references(predictions, args.bootstrap, bayes_probs),
         "beats_bayes": beats_bayes(reports, bayes),
     }
+
+
+def bootstraps_vs_references(
+    predictions: dict[str, Any],
+    resamples: int,
+    bayes_probs: np.ndarray | None = None,
+) -> dict[str, Any]:
+    """``bootstrap_vs_<ref>`` for each of :data:`REFERENCES` that was run."""
+    return {
+        f"bootstrap_vs_{ref}": bootstrap_vs_gem(
+            predictions, bayes_probs, resamples, reference=ref
+        )
+        for ref in REFERENCES
+        if ref in predictions
+    }
+
+
+def print_bootstraps_vs_references(section: dict[str, Any]) -> None:
+    """Print what :func:`bootstraps_vs_references` found."""
+    for ref in REFERENCES:
+        if against := section.get(f"bootstrap_vs_{ref}"):
+            print(f"vs {ref}, all/click:", json.dumps(against, indent=1))
 
 
 def movielens_section(args: argparse.Namespace, work: Path) -> dict[str, Any] | None:
@@ -719,6 +764,7 @@ def movielens_section(args: argparse.Namespace, work: Path) -> dict[str, Any] | 
         "eval": counts[2],
         "models": reports,
         "bootstrap": bootstrap_vs_gem(predictions, None, args.bootstrap),
+        **bootstraps_vs_references(predictions, args.bootstrap),
     }
 
 
@@ -853,9 +899,7 @@ def main(argv: list[str] | None = None) -> int:
         print("models below Bayes NE:", g["beats_bayes"] or "none")
         print_seeds(g)
         print("paired bootstrap, all/click:", json.dumps(g["bootstrap"], indent=1))
-        for trial in TRIALS:
-            if against := g[f"bootstrap_vs_{trial}"]:
-                print(f"vs {trial}, all/click:", json.dumps(against, indent=1))
+        print_bootstraps_vs_references(g)
     if args.section in ("all", "movielens"):
         m = result["movielens"] = movielens_section(args, args.work)
         if m is not None and "models" in m:
@@ -865,6 +909,7 @@ def main(argv: list[str] | None = None) -> int:
             print(table(m["models"], ("click",)))
             print_seeds(m)
             print("paired bootstrap, all/click:", json.dumps(m["bootstrap"], indent=1))
+            print_bootstraps_vs_references(m)
     result["seconds"] = time.perf_counter() - started
     print(f"\ntotal {result['seconds']:.0f} s")
     if args.json:

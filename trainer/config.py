@@ -141,6 +141,19 @@ class InterFormerConfig:
             tokens (they sit behind the CLS tokens), so they reach the
             interaction arch and the heads in every layer directly, not only
             through the sequence arch's attention.
+        token_ffn: with interleaving, a plain per-token FFN follows the PFFN
+            (our addition; the paper has the PFFN alone). The PFFN is linear
+            and of rank ``num_cls`` per example, so without this the
+            interleaved sequence arch has less per-token capacity than its
+            "sep" ablation, whose FFN is a full-width MLP, and the ablation
+            changes two things at once. "sep" always has the FFN.
+        quiet_pffn: with interleaving, what the interaction arch tells the
+            events starts at zero: the PFFN's weight is initialised to 0.
+        quiet_s_sum: with interleaving, what the sequence arch tells the
+            interaction arch starts at zero: ``S_sum`` enters it through a
+            learnable scale initialised to 0. With both (and ``token_ffn``)
+            training starts from the "sep" model plus the CLS tokens and
+            learns how much to exchange.
     """
 
     num_layers: int = 1
@@ -151,6 +164,9 @@ class InterFormerConfig:
     interleave: bool = True
     no_pyramid_max_len: int = 64
     read_prefix: bool = False
+    token_ffn: bool = False
+    quiet_pffn: bool = False
+    quiet_s_sum: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
