@@ -68,6 +68,7 @@ class PersonalizedFFN(nn.Module):
     ) -> None:
         super().__init__()
         self.kernel = kernel
+        # Drawn even when zeroed, so every later parameter starts as it would.
         scale = 0.0 if zero_init else dim**-0.5
         self.weight = nn.Parameter(torch.randn(num_summary, dim) * scale)
 
