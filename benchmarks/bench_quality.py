@@ -183,12 +183,9 @@ def _untargeted(cfg: ModelConfig, interleave: bool) -> ModelConfig:
     )
 
 
-def _quiet(cfg: ModelConfig, pffn: bool, s_sum: bool) -> ModelConfig:
+def _interformer(cfg: ModelConfig, **changes: Any) -> ModelConfig:
     return dataclasses.replace(
-        cfg,
-        interformer=dataclasses.replace(
-            cfg.interformer, token_ffn=True, quiet_pffn=pffn, quiet_s_sum=s_sum
-        ),
+        cfg, interformer=dataclasses.replace(cfg.interformer, **changes)
     )
 
 
@@ -199,21 +196,19 @@ GEM_VARIANTS: dict[str, Callable[[ModelConfig], ModelConfig]] = {
     POINTWISE_TARGET: lambda c: dataclasses.replace(
         c, pyramid=dataclasses.replace(c.pyramid, target_weights="pointwise")
     ),
-    READ_PREFIX: lambda c: dataclasses.replace(
-        c, interformer=dataclasses.replace(c.interformer, read_prefix=True)
-    ),
+    READ_PREFIX: lambda c: _interformer(c, read_prefix=True),
     JOINT_MATCH: lambda c: _embedding(c, target_match_shared=False),
     PYRAMID_RECENT: lambda c: dataclasses.replace(
         c, pyramid=dataclasses.replace(c.pyramid, recent_tokens=32)
     ),
     UNTARGETED: lambda c: _untargeted(c, interleave=True),
     UNTARGETED_SEP: lambda c: _untargeted(c, interleave=False),
-    TOKEN_FFN: lambda c: dataclasses.replace(
-        c, interformer=dataclasses.replace(c.interformer, token_ffn=True)
+    TOKEN_FFN: lambda c: _interformer(c, token_ffn=True),
+    QUIET_START: lambda c: _interformer(
+        c, token_ffn=True, quiet_pffn=True, quiet_s_sum=True
     ),
-    QUIET_START: lambda c: _quiet(c, pffn=True, s_sum=True),
-    QUIET_PFFN: lambda c: _quiet(c, pffn=True, s_sum=False),
-    QUIET_S_SUM: lambda c: _quiet(c, pffn=False, s_sum=True),
+    QUIET_PFFN: lambda c: _interformer(c, token_ffn=True, quiet_pffn=True),
+    QUIET_S_SUM: lambda c: _interformer(c, token_ffn=True, quiet_s_sum=True),
 }
 # Variants every other model is also bootstrapped against.
 TRIALS = (MATCH_SHARE, POINTWISE_TARGET, READ_PREFIX, PYRAMID_RECENT)
