@@ -205,6 +205,18 @@ def test_jagged_prepend(lengths: list[int], p: int) -> None:
     )
 
 
+def test_jagged_concat_promotes_mixed_dtypes_as_cat_does() -> None:
+    # Under CPU bf16 autocast the CLS tokens (a matmul: bf16) met fp32 event
+    # tokens here, and the scatter into a bf16 buffer failed.
+    first = torch.randn(5, 3).bfloat16()
+    second = torch.randn(4, 3)
+    first_offsets, second_offsets = offsets_of([2, 3]), offsets_of([1, 3])
+    out, _ = jagged_concat(first, first_offsets, second, second_offsets)
+    assert out.dtype == torch.cat([first, second]).dtype == torch.float32
+    expected = torch.cat([first[:2].float(), second[:1], first[2:].float(), second[1:]])
+    torch.testing.assert_close(out, expected)
+
+
 @SETTINGS
 @given(lengths=LENGTHS, data=st.data())
 def test_jagged_concat(lengths: list[int], data: st.DataObject) -> None:

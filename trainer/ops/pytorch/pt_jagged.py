@@ -150,7 +150,14 @@ def pytorch_jagged_concat(
     second: torch.Tensor,
     second_offsets: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each example's ``first`` tokens followed by its ``second`` tokens."""
+    """Each example's ``first`` tokens followed by its ``second`` tokens.
+
+    Mixed dtypes promote as ``torch.cat`` promotes them: under autocast one
+    part can come out of a matmul in bf16 and the other out of an fp32 op
+    (which ops run in which dtype differs between CPU and CUDA autocast).
+    """
+    dtype = torch.promote_types(first.dtype, second.dtype)
+    first, second = first.to(dtype), second.to(dtype)
     n_first, n_second = first.shape[0], second.shape[0]
     new_offsets = first_offsets + second_offsets
     # Token j of example b's first part lands after example b's earlier
