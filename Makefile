@@ -9,7 +9,7 @@ PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 DEMO_ARGS ?=
 
-.PHONY: install demo demo-stream test lint format bench clean
+.PHONY: install demo demo-stream test lint format bench gpu-wheels clean
 
 install: $(STAMP)
 
@@ -46,5 +46,18 @@ format: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m benchmarks.bench_generator
 
+# Wheels for the lent GPU machine (benchmarks/h200_round.sh): it has torch 2.11
+# with CUDA and Python 3.12 but no torchrec and no downloads. torchrec 1.6.1 and
+# fbgemm's CPU build 1.6.0 are the pair for torch 2.11 (the CUDA fbgemm wheel is
+# too big to ship); the rest are torchrec's pure-Python dependencies.
+GPU_WHEELS := torchrec==1.6.1 fbgemm-gpu-cpu==1.6.0 tensordict==0.15.3 pyvers \
+	orjson importlib_metadata iopath kafka-python==3.0.12
+GPU_PLATFORMS := manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_17_x86_64 \
+	manylinux2014_x86_64 manylinux1_x86_64
+
+gpu-wheels: $(STAMP)
+	$(PIP) download --quiet --no-deps --only-binary=:all: --python-version 3.12 \
+		--implementation cp $(addprefix --platform ,$(GPU_PLATFORMS)) -d .whl $(GPU_WHEELS)
+
 clean:
-	rm -rf $(VENV) build *.egg-info demo-output
+	rm -rf $(VENV) build *.egg-info demo-output .whl

@@ -4,7 +4,7 @@ Usage (on a CUDA machine; torchrec importable, fbgemm's CPU wheel is enough)::
 
     python -m benchmarks.bench_gpu [--features DIR] [--presets default,large]
         [--batch-sizes 1024,4096] [--precisions fp32,bf16] [--steps 20]
-        [--json FILE]
+        [--compile [BACKEND]] [--skip-jagged] [--json FILE]
 
 1. **Model throughput**: every model of :data:`MODEL_NAMES` per preset, batch
    size and precision: batches built by :class:`trainer.data.ExampleDataset`
@@ -18,13 +18,23 @@ Usage (on a CUDA machine; torchrec importable, fbgemm's CPU wheel is enough)::
    the model-only figure: the share of the GPU the input path leaves idle.
 3. **Peer in the same run**: the same model and batches on this machine's
    CPU (all cores, 2 steps) for the ``default`` preset: the GPU / CPU ratio.
-4. **Jagged vs padded on the GPU**: the pyramid's local-window attention
+4. **Compiled** (``--compile``; inductor unless a backend is named): each
+   measurement of 1. again with the model under ``torch.compile``, set up as
+   ``trainer.fit --compile`` sets it up (:func:`compile_model` on the bare
+   model, the history length marked dynamic on every batch), keyed
+   ``.../compiled``: examples/s beside the eager figure of the same run, the
+   first step's seconds (compile included), the frames dynamo compiled over
+   the warm-up, and the recompiles while timing (0: one graph serves every
+   batch of a new history total).
+5. **Jagged vs padded on the GPU**: the pyramid's local-window attention
    and the whole ``PyramidEncoder`` at skewed lengths (B=64, geometric mean
    40 capped at 99, two at 4096), forward + backward, jagged vs padded to the
    batch maximum; time and peak GPU memory (``max_memory_allocated``).
 
 Without CUDA it exits with a message (nothing here is meaningful on a CPU;
-``bench_model_speed`` is the CPU benchmark).
+``bench_model_speed`` is the CPU benchmark). ``--device cpu`` runs part 1
+(and 4) on the CPU anyway, as a check that the code path works: a test runs
+it with the tiny preset; its figures mean nothing.
 """
 
 from __future__ import annotations
@@ -47,6 +57,7 @@ from benchmarks.bench_model_speed import (
     padded_local_attention,
     skewed_lengths,
 )
+from benchmarks.machine import cpu_model
 from trainer.batch import Batch
 from trainer.config import preset
 from trainer.data import ExampleDataset
@@ -56,7 +67,7 @@ from trainer.models.train import GEMTrain
 from trainer.modules.embeddings import JaggedTokens
 from trainer.modules.pyramid import PyramidEncoder
 from trainer.ops import jagged_local_attention
-from trainer.train_step import train_step
+from trainer.train_step import compile_model, train_step
 
 # Dense peaks by device name (datasheet, SXM): bf16 and TF32, TFLOP/s.
 PEAK_TFLOPS = {"H200": (989.0, 494.0), "H100": (989.0, 494.0), "A100": (312.0, 156.0)}
@@ -89,8 +100,15 @@ def model_throughput(
     precision: str,
     device: torch.device,
     steps: int,
+    compile_backend: str | None = None,
 ) -> dict[str, Any]:
-    """examples/s (model only), FLOPs/example and peak memory of one model."""
+    """examples/s (model only), FLOPs/example and peak memory of one model.
+
+    With ``compile_backend`` the bare model runs under ``torch.compile`` (as
+    ``trainer.fit --compile`` runs it), and the result adds the first step's
+    seconds, the frames compiled over the warm-up and the recompiles while
+    timing.
+    """
     torch.manual_seed(0)
     model = GEMTrain(build_model(name, preset_name)).to(device)
     opt = make_optimizer(model, FitConfig(train=Path(), eval=Path()))
@@ -98,18 +116,24 @@ def model_throughput(
     autocast = torch.autocast(
         device.type, dtype=torch.bfloat16, enabled=precision == "bf16"
     )
-    with FlopCounterMode(display=False) as counter, autocast:
+    with FlopCounterMode(display=False) as counter, autocast:  # eager, counted
         loss, _ = model(on_device[0])
         loss.backward()
     flops = counter.get_total_flops() / on_device[0].size
+    if compile_backend is not None:
+        model.model = compile_model(model.model, backend=compile_backend)
     position = iter(range(10**9))
 
     def step() -> None:
         with autocast:
             train_step(model, on_device[next(position) % len(on_device)], opt, 10.0)
 
-    for _ in range(3):
+    frames = torch._dynamo.utils.counters["frames"]
+    frames_before = frames["total"]
+    first_s = _timed(step, 1, device)  # compiles forward and backward, if asked
+    for _ in range(2):
         step()
+    warm_frames = frames["total"] - frames_before
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
     seconds = _timed(step, steps, device)
@@ -120,6 +144,11 @@ def model_throughput(
         "mflop_per_example": flops / 1e6,
         "parameters_m": sum(p.numel() for p in model.parameters()) / 1e6,
     }
+    if compile_backend is not None:
+        out["backend"] = compile_backend
+        out["first_step_s"] = first_s
+        out["frames_compiled"] = warm_frames
+        out["recompiles_while_timing"] = frames["total"] - frames_before - warm_frames
     if device.type == "cuda":
         peak = _peak(precision)
         out["mfu"] = eps * flops / (peak * 1e12) if peak else None
@@ -211,25 +240,42 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--precisions", default="fp32,bf16")
     p.add_argument("--models", default=",".join(MODEL_NAMES))
     p.add_argument("--steps", type=int, default=20)
+    p.add_argument(
+        "--compile",
+        nargs="?",
+        const="inductor",
+        default=None,
+        metavar="BACKEND",
+        help="also time every model under torch.compile (default backend inductor)",
+    )
     p.add_argument("--skip-cpu-peer", action="store_true")
+    p.add_argument("--skip-jagged", action="store_true", help="skip part 5")
+    p.add_argument(
+        "--device",
+        choices=("cuda", "cpu"),
+        default="cuda",
+        help="cpu: part 1 (and 4) only, to check the code path",
+    )
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
-    if not torch.cuda.is_available():
+    on_gpu = args.device == "cuda"
+    if on_gpu and not torch.cuda.is_available():
         print("bench_gpu: no CUDA device here; nothing to measure")
         return 0
     torch.backends.cuda.matmul.allow_tf32 = True
-    device = torch.device("cuda")
+    device = torch.device(args.device)
     features = args.features
     if features is None:
         features = make_data(Path(tempfile.mkdtemp(prefix="bench_gpu_")))
     result: dict[str, Any] = {
-        "device": torch.cuda.get_device_name(),
+        "device": torch.cuda.get_device_name() if on_gpu else cpu_model(),
         "torch": torch.__version__,
         "python": platform.python_version(),
         "throughput": {},
     }
     print(f"{result['device']}, torch {result['torch']}", flush=True)
     models = args.models.split(",")
+    backends = [None] if args.compile is None else [None, args.compile]
     for preset_name in args.presets.split(","):
         seq = preset(preset_name).embedding.max_seq_len
         data = ExampleDataset(features, max_seq_len=seq)
@@ -244,17 +290,27 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             for precision in args.precisions.split(","):
                 for name in models:
-                    key = f"{preset_name}/B{batch_size}/{precision}/{name}"
-                    try:
-                        r = model_throughput(
-                            batches, name, preset_name, precision, device, args.steps
-                        )
-                    except torch.OutOfMemoryError as error:
-                        r = {"error": f"OOM: {error}"[:200]}
-                    torch.cuda.empty_cache()
-                    result["throughput"][key] = r
-                    print(f"  {key:40s} {json.dumps(r)}", flush=True)
-            if batch_size == int(args.batch_sizes.split(",")[0]):
+                    for backend in backends:
+                        key = f"{preset_name}/B{batch_size}/{precision}/{name}"
+                        key += "" if backend is None else "/compiled"
+                        try:
+                            r = model_throughput(
+                                batches, name, preset_name, precision, device,
+                                args.steps, backend,
+                            )  # fmt: skip
+                        except torch.OutOfMemoryError as error:
+                            r = {"error": f"OOM: {error}"[:200]}
+                        except Exception as error:
+                            # A compile that fails is a finding to record; the
+                            # eager figures and the other models still count.
+                            if backend is None:
+                                raise
+                            r = {"error": f"{type(error).__name__}: {error}"[:400]}
+                        if on_gpu:
+                            torch.cuda.empty_cache()
+                        result["throughput"][key] = r
+                        print(f"  {key:49s} {json.dumps(r)}", flush=True)
+            if on_gpu and batch_size == int(args.batch_sizes.split(",")[0]):
                 r = input_path(data, preset_name, batch_size, args.steps)
                 result["throughput"][f"{preset_name}/B{batch_size}/input_path/gem"] = r
                 print(f"  {preset_name}/B{batch_size} gem input path {r}", flush=True)
@@ -266,8 +322,9 @@ def main(argv: list[str] | None = None) -> int:
                         )  # fmt: skip
                         result["throughput"][f"default/B{batch_size}/cpu/{name}"] = r
                         print(f"  cpu peer {name} {r}", flush=True)
-    print("jagged vs padded (GPU):", flush=True)
-    result["jagged_vs_padded"] = jagged_vs_padded(device)
+    if on_gpu and not args.skip_jagged:
+        print("jagged vs padded (GPU):", flush=True)
+        result["jagged_vs_padded"] = jagged_vs_padded(device)
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
     return 0

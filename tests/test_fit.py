@@ -322,3 +322,51 @@ def test_gpu_check_smoke_runs_on_cpu() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert "examples/s" in done.stdout
+
+
+def test_bench_gpu_compiles_the_real_model_into_one_graph(
+    split: tuple[Path, Path, int], tmp_path: Path
+) -> None:
+    # bench_gpu's compiled path on the CPU, with dynamo's eager backend (it
+    # traces and counts graphs without generating code): the real GEM, its
+    # TorchRec inputs included, must compile one frame and never again over
+    # batches of new history totals, as on the GPU it is there to time.
+    train, _, _ = split
+    out = tmp_path / "bench_gpu.json"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.bench_gpu",
+            "--device",
+            "cpu",
+            "--features",
+            str(train),
+            "--presets",
+            "tiny",
+            "--batch-sizes",
+            "64",
+            "--precisions",
+            "fp32",
+            "--models",
+            "gem",
+            "--steps",
+            "3",
+            "--compile",
+            "eager",
+            "--json",
+            str(out),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stderr
+    timed = json.loads(out.read_text())["throughput"]
+    eager, compiled = timed["tiny/B64/fp32/gem"], timed["tiny/B64/fp32/gem/compiled"]
+    assert "frames_compiled" not in eager
+    assert compiled["frames_compiled"] == 1
+    assert compiled["recompiles_while_timing"] == 0
+    assert compiled["mflop_per_example"] == eager["mflop_per_example"]
+    assert compiled["examples_per_s"] > 0
