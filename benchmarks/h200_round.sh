@@ -51,8 +51,8 @@ step() {
   timeout --kill-after=10 "$limit" "$@" >"$OUT/$name.log" 2>&1
   local rc=$?
   echo "$name: rc $rc in $(($(date +%s) - began)) s (limit $limit s)" | tee -a "$SUMMARY"
-  grep -E "examples/s|examples_per_s|frames compiled|first step|peak memory|passed|failed|rror" \
-    "$OUT/$name.log" | grep -v Warning | tail -8 | sed 's/^/    /' | tee -a "$SUMMARY"
+  grep -iE "examples/s|examples_per_s|frames compiled|first step|peak memory|passed|failed|error|no cuda" \
+    "$OUT/$name.log" | grep -v -e Warning -e "Failed to import" | tail -8 | sed 's/^/    /' | tee -a "$SUMMARY"
 }
 
 {
