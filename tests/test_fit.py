@@ -328,9 +328,9 @@ def test_bench_gpu_compiles_the_real_model_into_one_graph(
     split: tuple[Path, Path, int], tmp_path: Path
 ) -> None:
     # bench_gpu's compiled path on the CPU, with dynamo's eager backend (it
-    # traces and counts graphs without generating code): the real GEM, its
+    # traces and counts graphs without generating code). The real GEM, its
     # TorchRec inputs included, must compile one frame and never again over
-    # batches of new history totals, as on the GPU it is there to time.
+    # batches of new history totals, as it must on the GPU it is there for.
     train, _, _ = split
     out = tmp_path / "bench_gpu.json"
     done = subprocess.run(
