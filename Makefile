@@ -9,9 +9,45 @@ PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 DEMO_ARGS ?=
 
-.PHONY: install demo demo-stream test lint format bench gpu-wheels clean
+# Beam's local runner (Prism, a Go program) and Apache Kafka's jars live in
+# .tools/ (git-ignored). Prism's version is the Beam SDK's in lock.txt.
+TOOLS := .tools
+BEAM_VERSION := $(shell sed -n 's/^apache-beam==//p' requirements/lock.txt)
+PRISM := $(TOOLS)/bin/prism
+KAFKA_STAMP := $(TOOLS)/kafka/.installed
 
-install: $(STAMP)
+.PHONY: install tools prism kafka services services-stop demo demo-stream test lint format bench \
+	gpu-wheels clean
+
+install: $(STAMP) tools
+
+tools: prism kafka
+prism: $(PRISM)
+kafka: $(KAFKA_STAMP)
+
+# Built from the Go module proxy (GitHub, where Beam would download it from,
+# is out of reach); pipelines.beam.runner points Beam at it.
+$(PRISM): requirements/lock.txt
+	mkdir -p $(TOOLS)/bin
+	GOBIN=$(abspath $(TOOLS)/bin) GOFLAGS=-buildvcs=false \
+		go install github.com/apache/beam/sdks/v2/go/cmd/prism@v$(BEAM_VERSION)
+	touch $@
+
+# The embedded broker's jars and their dependencies, from Maven Central.
+$(KAFKA_STAMP): requirements/kafka/pom.xml
+	rm -rf $(TOOLS)/kafka/libs
+	mvn --quiet --batch-mode -Dstyle.color=never -f requirements/kafka/pom.xml \
+		dependency:copy-dependencies -DincludeScope=runtime \
+		-DoutputDirectory=$(abspath $(TOOLS)/kafka/libs)
+	touch $@
+
+# PostgreSQL and Redis on loopback for Feast's production-like configuration;
+# installed from Debian's packages where missing, left alone where running.
+services:
+	scripts/services.sh start
+
+services-stop:
+	scripts/services.sh stop
 
 # Rebuilt only when a pin changes. torchrec goes in with --no-deps so it cannot
 # replace the CPU fbgemm build with the CUDA one (requirements/README.md).
@@ -23,15 +59,15 @@ $(STAMP): requirements/lock.txt requirements/no-deps.txt pyproject.toml
 	$(PIP) install --quiet --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
-demo: $(STAMP)
+demo: install
 	$(PY) -m pipelines.demo $(DEMO_ARGS)
 
 # Streaming: generator at a steady rate -> streaming job (+ Feast pushes) ->
 # trainer daemon, with a broker pause; reports throughput and freshness.
-demo-stream: $(STAMP)
+demo-stream: install
 	$(PY) -m pipelines.demo_stream $(DEMO_ARGS)
 
-test: lint
+test: lint tools services
 	$(PY) -m pytest
 
 lint: $(STAMP)
@@ -60,4 +96,4 @@ gpu-wheels: $(STAMP)
 		--implementation cp $(addprefix --platform ,$(GPU_PLATFORMS)) -d .whl $(GPU_WHEELS)
 
 clean:
-	rm -rf $(VENV) build *.egg-info demo-output .whl
+	rm -rf $(VENV) $(TOOLS) build *.egg-info demo-output .whl

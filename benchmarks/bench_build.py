@@ -3,8 +3,10 @@
 For each scale (0.5 M, 1 M and 2 M raw events by default, to check that time
 grows linearly), one data set is generated, then on the same files:
 
-- **beam**: ``python -m pipelines.build --runner=FnApiRunner`` (16 user
-  shards, one SDK worker: the embedded default);
+- **beam** on each of ``--runners`` (16 user shards): ``fnapi`` is
+  ``--runner=FnApiRunner`` (the in-process runner, one SDK worker);
+  ``prism`` is ``--runner=DirectRunner``, which hands the job to Prism
+  (Beam's portable local runner; the child checks that Prism ran it);
 - **reference**: ``python -m pipelines.reference`` (pyarrow / pandas / numpy
   in one process), the peer the ratio is taken against.
 
@@ -23,8 +25,8 @@ start-up cost, the floor under every wall time below.
 Usage::
 
     python -m benchmarks.bench_build [--scales 0.5,1,2] [--repeat 1] [--json]
-        [--beam-args "--runner=FnApiRunner --direct_num_workers=2
-                      --direct_running_mode=multi_processing"]
+        [--runners fnapi,prism] [--beam-args "--direct_num_workers=2
+                                 --direct_running_mode=multi_processing"]
 """
 
 from __future__ import annotations
@@ -51,9 +53,11 @@ _CHILD = """
 import json, resource, sys, time
 kind, source, out, *runner = sys.argv[1:]
 start = time.perf_counter()
+ran = None
 if kind == "beam":
     from pipelines import build
-    counts = build.run([*runner, "--input", source, "--output", out])["counts"]
+    summary = build.run([*runner, "--input", source, "--output", out])
+    counts, ran = summary["counts"], summary["runner"]
 else:
     # What ``python -m pipelines.reference --overwrite`` does, timed by part.
     import shutil
@@ -81,14 +85,18 @@ kids = resource.getrusage(resource.RUSAGE_CHILDREN)  # SDK worker processes
 cpu = own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
 peak = max(own.ru_maxrss, kids.ru_maxrss) / 1024
 print(json.dumps({"job_s": time.perf_counter() - start, "cpu_s": cpu,
-                  "peak_mb": peak, "counts": counts,
+                  "peak_mb": peak, "counts": counts, "runner": ran,
                   "split_s": split if kind != "beam" else None}))
 """
 
-# The embedded default; ``--beam-args`` replaces it (say, two SDK workers:
-# ``--runner=FnApiRunner --direct_num_workers=2
-# --direct_running_mode=multi_processing``).
-BEAM_ARGS = "--runner=FnApiRunner"
+# The Beam runners compared, by name: their flags and the runner that must
+# have run the job. ``--beam-args`` adds flags to each (two SDK workers:
+# ``--direct_num_workers=2 --direct_running_mode=multi_processing``).
+RUNNERS: dict[str, tuple[list[str], str]] = {
+    "fnapi": (["--runner=FnApiRunner"], "FnApiRunner"),
+    "prism": (["--runner=DirectRunner"], "PrismRunner"),
+}
+DEFAULT_RUNNERS = "fnapi,prism"
 
 
 def _run_child(
@@ -108,37 +116,54 @@ def _run_child(
     return result
 
 
-def measure(
-    millions: float, repeat: int, workdir: Path, beam_args: Sequence[str] = ()
+def _run_job(
+    job: str, source: Path, out: Path, beam_args: Sequence[str]
 ) -> dict[str, Any]:
-    """Generate one data set of about ``millions`` M events; time both jobs."""
+    """``reference``, or the Beam job on the runner ``job`` names."""
+    if job == "reference":
+        return _run_child("reference", source, out)
+    flags, expected = RUNNERS[job]
+    result = _run_child("beam", source, out, [*flags, *beam_args])
+    if result["runner"] != expected:
+        raise RuntimeError(f"{job}: the job ran on {result['runner']}, not {expected}")
+    return result
+
+
+def measure(
+    millions: float,
+    repeat: int,
+    workdir: Path,
+    runners: Sequence[str],
+    beam_args: Sequence[str] = (),
+) -> dict[str, Any]:
+    """Generate one data set of about ``millions`` M events; time every job."""
     users = int(USERS_PER_MILLION * millions)
     config = GeneratorConfig(users=users, ads=max(users // 10, 1), days=4, seed=0)
     source = workdir / f"data-{millions}"
     data, _ = generate_dataset(config, source)
     events = data.events.num_rows
-    runs: dict[str, list[dict[str, Any]]] = {"beam": [], "reference": []}
+    runs: dict[str, list[dict[str, Any]]] = {j: [] for j in [*runners, "reference"]}
     for _ in range(repeat):
-        for kind in runs:
-            extra = beam_args if kind == "beam" else ()
-            runs[kind].append(_run_child(kind, source, workdir / f"out-{kind}", extra))
-    best = {kind: min(r, key=lambda x: x["wall_s"]) for kind, r in runs.items()}
-    same = best["beam"]["counts"] == best["reference"]["counts"]
+        for job in runs:
+            runs[job].append(_run_job(job, source, workdir / f"out-{job}", beam_args))
+    best = {job: min(r, key=lambda x: x["wall_s"]) for job, r in runs.items()}
+    reference = best["reference"]
     return {
         "events": events,
         "users": users,
-        "counts_equal": same,
-        "beam": best["beam"],
-        "reference": best["reference"],
-        "beam_events_per_s": events / best["beam"]["wall_s"],
-        "reference_events_per_s": events / best["reference"]["wall_s"],
-        "ratio": best["reference"]["wall_s"] / best["beam"]["wall_s"],
-        "cpu_ratio": best["reference"]["cpu_s"] / best["beam"]["cpu_s"],
+        "counts_equal": all(b["counts"] == reference["counts"] for b in best.values()),
+        "jobs": best,
+        "events_per_s": {job: events / b["wall_s"] for job, b in best.items()},
+        # Speed against the reference: above 1 is faster than it.
+        "ratio": {job: reference["wall_s"] / b["wall_s"] for job, b in best.items()},
+        "cpu_ratio": {job: reference["cpu_s"] / b["cpu_s"] for job, b in best.items()},
     }
 
 
-def fixed_cost(workdir: Path, beam_args: Sequence[str]) -> dict[str, Any]:
-    """Both jobs on a tiny data set (300 users, ~6k events): start-up cost.
+def fixed_cost(
+    workdir: Path, runners: Sequence[str], beam_args: Sequence[str]
+) -> dict[str, Any]:
+    """Every job on a tiny data set (300 users, ~6k events): start-up cost.
 
     Interpreter, imports, graph construction and the runner's per-stage
     work do not grow with the data; this is the part of the 2 M wall time
@@ -149,28 +174,28 @@ def fixed_cost(workdir: Path, beam_args: Sequence[str]) -> dict[str, Any]:
     data, _ = generate_dataset(config, source)
     return {
         "events": data.events.num_rows,
-        "beam": _run_child("beam", source, workdir / "out-tiny-beam", beam_args),
-        "reference": _run_child("reference", source, workdir / "out-tiny-ref"),
+        "jobs": {
+            job: _run_job(job, source, workdir / f"out-tiny-{job}", beam_args)
+            for job in [*runners, "reference"]
+        },
     }
 
 
 def format_table(results: list[dict[str, Any]]) -> str:
-    """Markdown table of the measurements."""
+    """Markdown table of the measurements: one row per scale and job."""
     lines = [
-        "| events | Beam wall s | Beam CPU s | Beam events/s | Beam peak MB "
-        "| reference wall s | reference CPU s | reference events/s "
-        "| reference peak MB | Beam / reference speed (wall) | (CPU) |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| events | job | wall s | CPU s | events/s | peak MB "
+        "| speed / reference (wall) | (CPU) |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
-        beam, ref = r["beam"], r["reference"]
-        lines.append(
-            f"| {r['events']:,} | {beam['wall_s']:.2f} | {beam['cpu_s']:.2f} "
-            f"| {r['beam_events_per_s']:,.0f} | {beam['peak_mb']:,.0f} "
-            f"| {ref['wall_s']:.2f} | {ref['cpu_s']:.2f} "
-            f"| {r['reference_events_per_s']:,.0f} "
-            f"| {ref['peak_mb']:,.0f} | {r['ratio']:.2f} | {r['cpu_ratio']:.2f} |"
-        )
+        for job, run in r["jobs"].items():
+            lines.append(
+                f"| {r['events']:,} | {job} | {run['wall_s']:.2f} "
+                f"| {run['cpu_s']:.2f} | {r['events_per_s'][job]:,.0f} "
+                f"| {run['peak_mb']:,.0f} | {r['ratio'][job]:.2f} "
+                f"| {r['cpu_ratio'][job]:.2f} |"
+            )
     return "\n".join(lines)
 
 
@@ -181,19 +206,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--json", action="store_true")
     parser.add_argument(
-        "--beam-args",
-        default=BEAM_ARGS,
-        help=f"runner flags of the Beam job (default {BEAM_ARGS!r})",
+        "--runners",
+        default=DEFAULT_RUNNERS,
+        help=f"Beam runners to time, of {', '.join(RUNNERS)}",
     )
+    parser.add_argument("--beam-args", default="", help="more flags for every Beam run")
     args = parser.parse_args(argv)
     scales = [float(s) for s in args.scales.split(",")]
+    runners = args.runners.split(",")
+    unknown = set(runners) - set(RUNNERS)
+    if unknown:
+        parser.error(f"unknown runner(s) {', '.join(sorted(unknown))}")
     beam_args = args.beam_args.split()
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="bench-build-") as tmp:
-        fixed = fixed_cost(Path(tmp), beam_args)
-        results = [measure(m, args.repeat, Path(tmp), beam_args) for m in scales]
+        fixed = fixed_cost(Path(tmp), runners, beam_args)
+        results = [
+            measure(m, args.repeat, Path(tmp), runners, beam_args) for m in scales
+        ]
     report = {
         "hardware": hardware(),
+        "runners": runners,
         "beam_args": beam_args,
         "load_before": load_before,
         "load": os.getloadavg(),
@@ -208,23 +241,24 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"hardware: {hw['cpu']}, {hw['usable_cores']} usable cores, "
             f"Python {hw['python']}, pyarrow {hw['pyarrow']}; load average "
             f"{report['load_before'][0]:.1f} before, {report['load'][0]:.1f} after; "
-            f"Beam: {' '.join(beam_args)}"
+            f"Beam runners: {', '.join(runners)} {' '.join(beam_args)}"
         )
         print(
-            f"fixed cost ({fixed['events']:,} events): Beam "
-            f"{fixed['beam']['wall_s']:.2f} s wall / {fixed['beam']['cpu_s']:.2f} s "
-            f"CPU, reference {fixed['reference']['wall_s']:.2f} s / "
-            f"{fixed['reference']['cpu_s']:.2f} s"
+            f"fixed cost ({fixed['events']:,} events): "
+            + ", ".join(
+                f"{job} {run['wall_s']:.2f} s wall / {run['cpu_s']:.2f} s CPU"
+                for job, run in fixed["jobs"].items()
+            )
         )
         print(format_table(results))
         for r in results:
-            split = r["reference"]["split_s"]
+            split = r["jobs"]["reference"]["split_s"]
             print(
                 f"reference at {r['events']:,} events: "
                 + ", ".join(f"{k} {v:.2f} s" for k, v in split.items())
             )
         if not all(r["counts_equal"] for r in results):
-            print("WARNING: Beam and reference counts differ")
+            print("WARNING: the jobs' counts differ")
     return 0
 
 

@@ -22,6 +22,9 @@ it produces; batches cross every shuffle as Arrow IPC, keyed by user shard::
 
 Runner-agnostic: any ``--runner`` works; the Kafka I/O is kafka-python inside
 DoFns (Beam's cross-language Kafka transforms need a Java expansion service).
+Locally, ``--runner=DirectRunner`` runs the batch job on Prism (built by ``make
+prism``) and no ``--runner`` on the faster in-process FnApiRunner
+(:mod:`pipelines.beam.runner`); ``summary.json`` names the runner that ran.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from pipelines.beam.counters import EXAMPLE_COUNTERS, FEATURE_ROWS, CountEngagem
 from pipelines.beam.examples import BuildExamples, BuildProfiles
 from pipelines.beam.memory import reuse_freed_memory
 from pipelines.beam.options import GemBuildOptions, kafka_settings
+from pipelines.beam.runner import prepare_runner, runner_that_ran
 from pipelines.beam.timelines import BuildTimelines, DedupeEvents, WriteUserSequences
 from pipelines.beam.validate import METRICS_NAMESPACE, ValidateEvents
 
@@ -86,6 +90,7 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
     reuse_freed_memory()
     started = time.monotonic()
 
+    prepare_runner(pipeline_options)
     pipeline = beam.Pipeline(options=pipeline_options)
     dimensions = pipeline | "ReadDimensions" >> io.ReadDimensions(options.input)
     users, ads, contents = dimensions.users, dimensions.ads, dimensions.contents
@@ -101,7 +106,6 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
                 kafka_settings(options),
                 options.events_topic,
                 group_id=options.kafka_group_id,
-                idle_seconds=options.kafka_idle_seconds,
             )
         )
     validated = (
@@ -147,7 +151,7 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
         "counts": {name: found.get(name, 0) for name in COUNT_NAMES},
         "now_ms": now,
         "layout_version": LAYOUT_VERSION,
-        "runner": type(pipeline.runner).__name__,
+        "runner": runner_that_ran(pipeline_options, result),
         "seconds": round(time.monotonic() - started, 3),
     }
     if options.examples_topic:

@@ -11,7 +11,8 @@ What it does today (each later capability adds its step here):
    checks that what came back is exactly what was sent: ``read = valid + dead
    letters``, the valid events equal the generated ones, one user's events in
    order;
-5. runs the Beam feature job (:mod:`pipelines.build`, FnApiRunner) on the
+5. runs the Beam feature job (:mod:`pipelines.build`, ``--runner=DirectRunner``,
+   which hands it to Prism, Beam's local runner) on the
    generated files into ``<output>/features``: training examples, timelines,
    Feast feature tables, dead letters and a summary whose counts add up; it
    also publishes the examples with their timeline segments to Kafka;
@@ -146,7 +147,10 @@ def run(args: argparse.Namespace) -> int:
     settings = KafkaSettings.from_args(args)
     where = "embedded broker" if settings.embedded else settings.bootstrap
     _step(3, total, f"Publishing events to Kafka ({where})")
-    with kafka_cluster(settings) as cluster:
+    # The embedded broker's log directory is under the output, made anew:
+    # this run's topics hold this run's events only.
+    shutil.rmtree(output / "kafka", ignore_errors=True)
+    with kafka_cluster(settings, home=output / "kafka") as cluster:
         print(f"  broker: {cluster.bootstrap}")
         ensure_topics(cluster, {EVENTS_TOPIC: args.partitions, DEAD_LETTER_TOPIC: 1})
         sent = publish_events(events, cluster, EVENTS_TOPIC, rate=args.rate)
@@ -166,7 +170,6 @@ def run(args: argparse.Namespace) -> int:
             cluster,
             EVENTS_TOPIC,
             group_id=f"gem-demo-{int(time.time())}",
-            expected=expected,
             dead_letter_topic=DEAD_LETTER_TOPIC,
         )
 
@@ -189,7 +192,7 @@ def run(args: argparse.Namespace) -> int:
 
         _step(5, total, f"Building features with Beam into {output}/features/")
         ensure_topics(cluster, {EXAMPLES_TOPIC: args.partitions})
-        counts = _build_features(output, cluster)
+        counts, runner = _build_features(output, cluster)
 
         checks = {
             "every message accounted for (read = valid + dead letters)": (
@@ -208,6 +211,9 @@ def run(args: argparse.Namespace) -> int:
             ),
             "one training example per distinct impression": (
                 counts["impressions"] == counts["examples"] == data.truth.num_rows
+            ),
+            "the feature job ran on Prism (--runner=DirectRunner)": (
+                runner == "PrismRunner"
             ),
         }
         _step(6, total, "Feast: apply, materialize, online and point-in-time reads")
@@ -240,9 +246,9 @@ def _train_step(
     table (each batch scored before it was trained on) and where the PNG of
     the curves is; returns the step's checks.
     """
-    # A fresh start: this run's broker and examples are new (the embedded
-    # broker keeps nothing), so an earlier run's checkpoint, with its model
-    # and Kafka offsets, does not belong to them.
+    # A fresh start: this run's broker and examples are new, so an earlier
+    # run's checkpoint, with its model and Kafka offsets, does not belong to
+    # them.
     checkpoints = output / "checkpoints"
     shutil.rmtree(checkpoints, ignore_errors=True)
     checkpoints.mkdir(parents=True)
@@ -383,8 +389,9 @@ def _print_metrics(table: dict[str, dict[str, float]]) -> None:
         )
 
 
-def _build_features(output: Path, cluster: KafkaSettings) -> dict[str, int]:
-    """Step 5: the Beam feature job on the generated files; returns its counts.
+def _build_features(output: Path, cluster: KafkaSettings) -> tuple[dict[str, int], str]:
+    """Step 5: the Beam feature job on the generated files; returns its counts
+    and the runner that ran it.
 
     Besides the files, it publishes the examples (with their timeline
     segments) to :data:`EXAMPLES_TOPIC` for the trainer daemon.
@@ -395,8 +402,8 @@ def _build_features(output: Path, cluster: KafkaSettings) -> dict[str, int]:
     started = time.monotonic()
     summary = build.run(
         [
-            # FnApiRunner: DirectRunner first tries to download Prism (offline here).
-            "--runner=FnApiRunner",
+            # The mission's command: DirectRunner, which runs it on Prism.
+            "--runner=DirectRunner",
             "--input",
             str(output),
             "--output",
@@ -417,12 +424,12 @@ def _build_features(output: Path, cluster: KafkaSettings) -> dict[str, int]:
     counts: dict[str, int] = summary["counts"]
     seconds = time.monotonic() - started
     print(
-        f"  {counts['events_read']:,} events in {seconds:.1f} s "
-        f"({counts['events_read'] / max(seconds, 1e-9):,.0f} events/s)"
+        f"  on {summary['runner']}: {counts['events_read']:,} events in "
+        f"{seconds:.1f} s ({counts['events_read'] / max(seconds, 1e-9):,.0f} events/s)"
     )
     for name, value in counts.items():
         print(f"    {name:<22} {value:>12,}")
-    return counts
+    return counts, str(summary["runner"])
 
 
 def _feast_step(features_dir: Path) -> dict[str, bool]:

@@ -1,14 +1,13 @@
 """Shared fixtures: a real Kafka-protocol broker for the whole session.
 
-``kafka_settings`` starts the embedded Tansu broker once per test session, or,
-when ``GEM_KAFKA_BOOTSTRAP`` is set, uses that cluster instead (so the same
-tests run against a real Kafka). ``kafka_topic`` makes a fresh topic per test,
-which keeps tests independent on a broker that never deletes data.
+``kafka_settings`` starts the embedded Apache Kafka broker once per test
+session, or, when ``GEM_KAFKA_BOOTSTRAP`` is set, uses that cluster instead.
+``kafka_topic`` makes a fresh topic per test, which keeps tests independent on
+one broker.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import uuid
 from collections.abc import Callable, Iterator
@@ -29,17 +28,13 @@ def shared_data_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def kafka_settings(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaSettings]:
-    """Settings of a running Kafka-protocol broker."""
-    # Short group timings: the embedded broker makes joins wait half the
-    # session timeout, and tests join many groups.
-    timing = {"session_timeout_ms": 2000, "heartbeat_interval_ms": 500}
+    """Settings of a running Kafka broker."""
     external = os.environ.get("GEM_KAFKA_BOOTSTRAP")
     if external:
-        yield KafkaSettings(bootstrap=external, **timing)
+        yield KafkaSettings(bootstrap=external)
         return
-    log_path = tmp_path_factory.mktemp("kafka") / "tansu.log"
-    with EmbeddedKafka(log_path=log_path) as broker:
-        yield dataclasses.replace(broker.settings, **timing)
+    with EmbeddedKafka(home=tmp_path_factory.mktemp("kafka")) as broker:
+        yield broker.settings
 
 
 @pytest.fixture

@@ -8,6 +8,7 @@ shared data is present; the Kafka in/out path runs against the embedded broker.
 from __future__ import annotations
 
 import json
+import logging
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -18,6 +19,11 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
+from apache_beam.options.pipeline_options import (
+    PipelineOptions,
+    PrismRunnerOptions,
+    StandardOptions,
+)
 
 from features.example_messages import SCHEMA_HEADER, decode_example_message
 from features.examples import TIMELINE_SCHEMA, training_example_schema
@@ -26,6 +32,7 @@ from features.kafka import KafkaSettings
 from features.windows import attach_windows
 from pipelines import build
 from pipelines.beam.io import InputFileError
+from pipelines.beam.runner import prepare_runner, runner_name, use_local_prism
 from pipelines.event_stream import publish_events, publish_raw
 from pipelines.reference import (
     ReferenceOutput,
@@ -38,7 +45,7 @@ from pipelines.synthetic.writer import read_events
 
 ROOT = Path(__file__).resolve().parents[1]
 MOVIELENS = ROOT.parent / "shared" / "data" / "movielens-100k"
-RUNNER = "--runner=FnApiRunner"  # DirectRunner tries Prism first (slow offline)
+RUNNER = "--runner=FnApiRunner"  # Prism's start-up adds seconds to every run
 CONFIG = GeneratorConfig(users=300, ads=60, days=2, seed=5)
 NOW = validation_now_ms(CONFIG)
 
@@ -65,9 +72,10 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def built(dataset: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The Beam job's output on ``dataset`` (one run for the module)."""
+    """The Beam job's output on ``dataset`` (one run for the module), with no
+    ``--runner``: the project's default."""
     out = tmp_path_factory.mktemp("beam")
-    build.run([RUNNER, "--input", str(dataset), "--output", str(out), "--shards", "4"])
+    build.run(["--input", str(dataset), "--output", str(out), "--shards", "4"])
     return out
 
 
@@ -100,6 +108,40 @@ def _assert_same_as_reference(out: Path, ref: ReferenceOutput) -> None:
 
 def test_outputs_equal_the_reference(built: Path, reference: ReferenceOutput) -> None:
     _assert_same_as_reference(built, reference)
+
+
+def test_direct_runner_runs_the_job_on_prism(
+    dataset: Path, reference: ReferenceOutput, tmp_path: Path
+) -> None:
+    """The mission's command, ``--runner=DirectRunner``: Prism runs it (the
+    local binary, no download), and the outputs equal the reference's."""
+    summary = build.run(
+        ["--runner=DirectRunner", "--input", str(dataset), "--output",
+         str(tmp_path), "--shards", "4"]
+    )  # fmt: skip
+    assert summary["runner"] == "PrismRunner"
+    _assert_same_as_reference(tmp_path, reference)
+
+
+def test_no_runner_flag_runs_on_the_fnapi_runner(built: Path) -> None:
+    summary = json.loads((built / "summary.json").read_text())
+    assert summary["runner"] == "FnApiRunner"
+    options = PipelineOptions([])
+    prepare_runner(options)
+    assert options.view_as(StandardOptions).runner == "FnApiRunner"
+
+
+def test_a_missing_prism_binary_is_said(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("GEM_PRISM", "/nonexistent/prism")
+    options = PipelineOptions(["--runner=DirectRunner"])
+    with caplog.at_level(logging.WARNING, logger="pipelines.beam.runner"):
+        use_local_prism(options)
+    assert options.view_as(PrismRunnerOptions).prism_location is None
+    assert "no Prism binary at /nonexistent/prism (run `make prism`)" in caplog.text
+    for runner in ("FnApiRunner", "FlinkRunner"):  # not theirs to use
+        assert runner_name(PipelineOptions([f"--runner={runner}"])) == runner
 
 
 def test_layout_and_counts_add_up(built: Path) -> None:
@@ -244,8 +286,6 @@ def test_kafka_in_and_out(
         events_topic,
         "--kafka-group-id",
         f"g-{uuid.uuid4().hex}",
-        "--kafka-idle-seconds",
-        "2",
         "--examples-topic",
         examples_topic,
         "--examples-per-message",

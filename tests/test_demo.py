@@ -18,8 +18,8 @@ ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--users", "150", "--ads", "40", "--days", "1", "--seed", "3"]
 
 
-def _brokers_on(port: str) -> list[int]:
-    """Pids of live tansu processes listening on ``port``."""
+def _brokers_in(output: Path) -> list[int]:
+    """Pids of live Kafka brokers whose home is under the demo's ``output``."""
     pids = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
@@ -29,7 +29,8 @@ def _brokers_on(port: str) -> list[int]:
             state = (proc / "status").read_text()
         except OSError:
             continue
-        if "tansu" in cmdline and f":{port}" in cmdline and "zombie" not in state:
+        running = "zombie" not in state
+        if "kafka.Kafka" in cmdline and str(output) in cmdline and running:
             pids.append(int(proc.name))
     return pids
 
@@ -64,9 +65,8 @@ def test_demo_runs_end_to_end_and_stops_the_broker(tmp_path: Path) -> None:
         "per-user order kept",
     ):
         assert f"ok   {check}" in out
-    port = re.search(r"broker: 127\.0\.0\.1:(\d+)", out)
-    assert port, out
-    assert _brokers_on(port.group(1)) == []
+    assert re.search(r"broker: 127\.0\.0\.1:(\d+)", out), out
+    assert _brokers_in(tmp_path) == []
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
@@ -85,9 +85,9 @@ def test_interrupted_demo_stops_the_broker(tmp_path: Path, sig: signal.Signals) 
             port = found.group(1)
             break
     assert port is not None, "the demo never started its broker"
-    assert _brokers_on(port)
+    assert _brokers_in(tmp_path)
     time.sleep(0.5)
     os.kill(process.pid, sig)
-    process.communicate(timeout=30)
+    process.communicate(timeout=60)  # the broker's orderly stop takes seconds
     assert process.returncode != 0
-    assert _brokers_on(port) == []
+    assert _brokers_in(tmp_path) == []

@@ -1,8 +1,11 @@
 """Kafka: client settings, topic administration and the embedded broker."""
 
+from features.kafka import client_fixes
 from features.kafka.broker import BrokerStartError, EmbeddedKafka, kafka_cluster
 from features.kafka.settings import KafkaSettings, add_kafka_arguments
 from features.kafka.topics import ensure_topics
+
+client_fixes.apply()
 
 __all__ = [
     "BrokerStartError",

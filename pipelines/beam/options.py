@@ -62,13 +62,6 @@ class GemBuildOptions(PipelineOptions):  # type: ignore[misc]
             help="consumer group whose offsets the events-topic read commits",
         )
         parser.add_argument(
-            "--kafka-idle-seconds",
-            dest="kafka_idle_seconds",
-            type=float,
-            default=3.0,
-            help="stop reading a partition after this long without a message",
-        )
-        parser.add_argument(
             "--examples-topic",
             dest="examples_topic",
             help="publish example batches (Arrow IPC) to this Kafka topic",

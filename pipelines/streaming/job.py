@@ -35,6 +35,7 @@ from apache_beam.options.pipeline_options import PipelineOptions, StandardOption
 
 from features.kafka import ensure_topics
 from pipelines.beam.options import GemBuildOptions, kafka_settings
+from pipelines.beam.runner import DEFAULT_LOCAL_RUNNER, runner_name
 from pipelines.streaming.config import StreamConfig
 from pipelines.streaming.entity_state import PUSH, EntityShardFn, route_entity_rows
 from pipelines.streaming.feast_push import PushToFeastFn
@@ -157,6 +158,10 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
     """Run the streaming job (until cancelled, or idle in a bounded run)."""
     options = PipelineOptions(argv)
     options.view_as(StandardOptions).streaming = True
+    if runner_name(options) in ("DirectRunner", "SwitchingDirectRunner"):
+        # Locally the streaming job runs on the FnApiRunner, where its
+        # restart, outage and equality tests hold; Prism is not used for it.
+        options.view_as(StandardOptions).runner = DEFAULT_LOCAL_RUNNER
     build = options.view_as(GemBuildOptions)
     stream = options.view_as(StreamingOptions)
     if not (build.events_topic and build.examples_topic and build.input):

@@ -22,7 +22,6 @@ come back).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from typing import Any, Final
 
@@ -49,14 +48,8 @@ PRODUCER_TUNING: Final = {
 }
 
 
-def published_example_ids(
-    settings: KafkaSettings, topic: str, *, idle_seconds: float = 0.3
-) -> set[str]:
-    """Every example id on ``topic`` (the ledger), read from the beginning.
-
-    The embedded broker reports end offsets too low, so the read ends only
-    after the reported ends are reached *and* a poll comes back empty.
-    """
+def published_example_ids(settings: KafkaSettings, topic: str) -> set[str]:
+    """Every example id on ``topic`` (the ledger), from the start to its end."""
     from kafka import KafkaConsumer, TopicPartition
 
     consumer = KafkaConsumer(
@@ -74,22 +67,14 @@ def published_example_ids(
         consumer.assign(tps)
         consumer.seek_to_beginning(*tps)
         ends = consumer.end_offsets(tps)
-        idle_since = time.monotonic()
-        while True:
+        while any(consumer.position(tp) < ends[tp] for tp in tps):
             batches = consumer.poll(timeout_ms=200, max_records=1000)
-            if batches:
-                idle_since = time.monotonic()
-                for records in batches.values():
-                    for record in records:
-                        decoded = decode_example_message(record.value)
-                        if decoded.examples is not None:
-                            ids.update(
-                                decoded.examples.column("example_id").to_pylist()
-                            )
-                continue
-            reached = all(consumer.position(tp) >= ends[tp] for tp in tps)
-            if reached and time.monotonic() - idle_since >= idle_seconds:
-                return ids
+            for records in batches.values():
+                for record in records:
+                    decoded = decode_example_message(record.value)
+                    if decoded.examples is not None:
+                        ids.update(decoded.examples.column("example_id").to_pylist())
+        return ids
     finally:
         consumer.close()
 
