@@ -86,7 +86,7 @@ def soak(seconds: float, rate: float, output: Path) -> dict[str, Any]:
     events = read_input(output / "gen")[0].sort_by([("event_time", "ascending")])
     events = events.slice(0, min(wanted, events.num_rows))
     samples: list[dict[str, Any]] = []
-    with EmbeddedKafka(log_path=output / "tansu.log") as broker:
+    with EmbeddedKafka(home=output / "kafka") as broker:
         settings = broker.settings
         ensure_topics(settings, {"gem.events": 4, "gem.examples": 4})
         with open(output / "job.log", "wb") as job_log:

@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -215,13 +216,9 @@ def run_stream_demo(config: StreamDemoConfig) -> dict[str, Any]:
         (out / name).unlink(missing_ok=True)
 
     report: dict[str, Any] = {"events": events.num_rows, "rate": config.rate}
-    with EmbeddedKafka(log_path=out / "tansu.log") as broker:
+    shutil.rmtree(out / "kafka", ignore_errors=True)  # this run's topics only
+    with EmbeddedKafka(home=out / "kafka") as broker:
         settings = broker.settings
-        settings = KafkaSettings(
-            bootstrap=settings.bootstrap,
-            session_timeout_ms=6000,
-            heartbeat_interval_ms=2000,
-        )
         ensure_topics(settings, {"gem.events": 4, "gem.examples": 1})
         procs: list[subprocess.Popen[bytes]] = []
         try:
@@ -363,8 +360,6 @@ def _start_trainer(settings: KafkaSettings, out: Path) -> subprocess.Popen[bytes
         f"--checkpoint-dir={out / 'ckpt'}",
         "--log-every=1",
         f"--metrics-jsonl={out / 'trainer.jsonl'}",
-        "--kafka-option=session_timeout_ms=6000",
-        "--kafka-option=heartbeat_interval_ms=2000",
     ]
     log = open(out / "trainer.log", "wb")
     return subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)

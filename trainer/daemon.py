@@ -13,6 +13,13 @@ once: model, optimizer, RNG, metrics and next offsets are one atomic
 checkpoint; a restart seeks to those offsets (:mod:`trainer.kafka_source`).
 SIGTERM/SIGINT: finish the step, checkpoint, exit 0. ``--idle-seconds``
 makes the run bounded: it ends once every rank saw nothing for that long.
+Every way out of the loop (signal, idle, ``--max-steps``, a rank's consumer
+failing) is decided from the all-gathered records, so all ranks leave at the
+same step and then enter the same collectives in the same order: the final
+checkpoint, the metrics gather, the process-group teardown. Under torchrun a
+rank dies with the launcher (``PR_SET_PDEATHSIG``): torchrun starts ranks in
+sessions of their own, so killing it, even its process group, would leave
+them training and checkpointing next to the run that replaces them.
 
 Data parallel (gloo on CPU): every rank is a member of the same group and
 owns some partitions. Ranks step in lockstep: each iteration all-gathers a
@@ -43,6 +50,7 @@ test can prove exactly-once from the checkpoint chain.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import dataclasses
 import json
 import logging
@@ -81,7 +89,8 @@ from trainer.train_step import eval_step
 log = logging.getLogger("trainer.daemon")
 APPLIED_LOG_ENV = "GEM_DAEMON_APPLIED_LOG"
 # Per-rank record exchanged every iteration (see the module docstring).
-HAS_BATCH, EXAMPLES, PARTITION, OFFSET, STOP, DRAINED, READY = range(7)
+HAS_BATCH, EXAMPLES, PARTITION, OFFSET, STOP, DRAINED, READY, FAILED = range(8)
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -123,6 +132,19 @@ def _device(name: str) -> torch.device:
     if torch.cuda.is_available():
         return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
     return torch.device("cpu")
+
+
+def _die_with_launcher() -> None:
+    """Under torchrun, have the kernel SIGKILL this rank when torchrun dies."""
+    if "TORCHELASTIC_RUN_ID" not in os.environ or not sys.platform.startswith("linux"):
+        return
+    launcher = os.getppid()
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        error = ctypes.get_errno()
+        raise OSError(error, f"prctl(PR_SET_PDEATHSIG): {os.strerror(error)}")
+    if os.getppid() != launcher:  # it died before the prctl took effect
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 class _Stop:
@@ -217,6 +239,8 @@ def run(config: DaemonConfig, settings: KafkaSettings) -> dict[str, Any]:
         list[int]
     ] = []  # (partition, offset) since the last checkpoint, all ranks
     loss = torch.zeros(())
+    failure: RuntimeError | None = None  # this rank's consumer thread died
+    failed: list[int] = []  # ranks whose consumer died (from the records)
 
     def checkpoint() -> None:
         nonlocal lineage, applied
@@ -293,7 +317,12 @@ def run(config: DaemonConfig, settings: KafkaSettings) -> dict[str, Any]:
 
     try:
         while True:
-            item = source.next(timeout=0.05 if distributed else 0.2)
+            try:
+                item = source.next(timeout=0.05 if distributed else 0.2)
+            except RuntimeError as error:
+                # Raised after the collective stop, or the peers would be left
+                # in the next all-gather with a dead rank.
+                failure, item = error, None
             mine = torch.tensor(
                 [
                     int(item is not None and item.batch is not None),
@@ -309,6 +338,7 @@ def run(config: DaemonConfig, settings: KafkaSettings) -> dict[str, Any]:
                         idle_batch is not None
                         or (item is not None and item.batch is not None)
                     ),
+                    int(failure is not None),
                 ],
                 dtype=torch.int64,
                 device=device,  # nccl gathers GPU tensors only
@@ -354,8 +384,10 @@ def run(config: DaemonConfig, settings: KafkaSettings) -> dict[str, Any]:
             stepped = int(any(int(r[HAS_BATCH]) for r in everyone))
             if stepped and step % config.log_every == 0:
                 report()
+            failed = [i for i, r in enumerate(everyone) if int(r[FAILED])]
             done = (
-                any(int(r[STOP]) for r in everyone)
+                bool(failed)
+                or any(int(r[STOP]) for r in everyone)
                 or all(int(r[DRAINED]) for r in everyone)
                 or (config.max_steps is not None and step >= config.max_steps)
             )
@@ -363,6 +395,8 @@ def run(config: DaemonConfig, settings: KafkaSettings) -> dict[str, Any]:
                 break
             if stepped and step % config.checkpoint_every == 0:
                 checkpoint()
+        # Every rank is here at the same step. A failed consumer does not
+        # spoil the state: offsets are marked only for applied records.
         checkpoint()
         report()
     finally:
@@ -374,6 +408,10 @@ def run(config: DaemonConfig, settings: KafkaSettings) -> dict[str, Any]:
         final = ProgressiveMetrics.merged(states)
     png = reporter.plot(config.plot) if config.plot else None
     reporter.close()
+    if failure is not None:
+        raise failure
+    if failed:
+        raise RuntimeError(f"stopped: the Kafka consumer of rank(s) {failed} failed")
     log.info("rank %d stopped at step %d (%d examples)", rank, step, examples)
     return {
         "step": step,
@@ -419,6 +457,7 @@ def run_daemon_until_drained(
 
 def main(argv: list[str] | None = None) -> int:
     """CLI entry point (see the module docstring)."""
+    _die_with_launcher()
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--topic", required=True)
     parser.add_argument("--group", default="gem-trainer")
@@ -481,16 +520,19 @@ def main(argv: list[str] | None = None) -> int:
     settings = KafkaSettings.from_args(args)
     if settings.embedded:
         parser.error("--kafka-bootstrap is required (the daemon trains from a cluster)")
-    with kafka_cluster(settings) as cluster:
-        result = run(DaemonConfig(**fields), cluster)
+    try:
+        with kafka_cluster(settings) as cluster:
+            result = run(DaemonConfig(**fields), cluster)
+    finally:
+        # Every rank, also when run raised after its collective stop.
+        if dist.is_initialized():
+            dist.destroy_process_group()
     if int(os.environ.get("RANK", "0")) == 0:
         print(
             json.dumps(
                 {k: result[k] for k in ("step", "examples", "dead_letters", "png")}
             )
         )
-    if dist.is_initialized():
-        dist.destroy_process_group()
     return 0
 
 

@@ -132,7 +132,9 @@ class KafkaSource:
         self._reachable = True
         self._last_activity = time.monotonic()
         self._last_contact = time.monotonic()
-        self._joined = False  # no "drained" before the group gave us partitions
+        # No "drained" while the group has not given us partitions (the first
+        # join, and every rebalance: meanwhile nothing is fetched, so idle).
+        self._joined = False
         self._error: BaseException | None = None
         self._thread = threading.Thread(
             target=self._run, name="kafka-source", daemon=True
@@ -187,7 +189,7 @@ class KafkaSource:
             self._commit = {p: o for p, o in self._next.items() if p in self._assigned}
 
     def drained(self, idle_seconds: float) -> bool:
-        """No record for ``idle_seconds`` while the broker answered, nothing queued."""
+        """No record for ``idle_seconds`` while assigned and reachable, none queued."""
         now = time.monotonic()
         # A recent broker round trip is required too: a paused broker looks idle.
         return (
@@ -238,6 +240,7 @@ class KafkaSource:
                 with source._lock:
                     source._generation += 1
                     source._assigned = set()
+                    source._joined = False
                 source._fence()  # a record taken before the bump may be mid-step
 
             def on_partitions_assigned(self, assigned: Any) -> None:
