@@ -402,7 +402,7 @@ def _build_features(output: Path, cluster: KafkaSettings) -> tuple[dict[str, int
     started = time.monotonic()
     summary = build.run(
         [
-            # The mission's command: DirectRunner, which runs it on Prism.
+            # The command users are told to run: DirectRunner, which runs it on Prism.
             "--runner=DirectRunner",
             "--input",
             str(output),

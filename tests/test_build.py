@@ -113,7 +113,7 @@ def test_outputs_equal_the_reference(built: Path, reference: ReferenceOutput) ->
 def test_direct_runner_runs_the_job_on_prism(
     dataset: Path, reference: ReferenceOutput, tmp_path: Path
 ) -> None:
-    """The mission's command, ``--runner=DirectRunner``: Prism runs it (the
+    """The documented command, ``--runner=DirectRunner``: Prism runs it (the
     local binary, no download), and the outputs equal the reference's."""
     summary = build.run(
         ["--runner=DirectRunner", "--input", str(dataset), "--output",

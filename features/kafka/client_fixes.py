@@ -27,7 +27,7 @@ FIXED_VERSION: Final = "3.0.12"
 
 
 def apply() -> bool:
-    """Patch ``ConsumerCoordinator.need_rejoin``; True when it is (now) patched."""
+    """Patch ``ConsumerCoordinator.need_rejoin``; True once it is patched."""
     import kafka
     from kafka.coordinator.consumer import ConsumerCoordinator
 

@@ -9,7 +9,7 @@ the options at it (``--prism_location``), so no download is ever tried.
 :func:`runner_that_ran` tells from the result which runner really ran.
 
 Without ``--runner`` the batch job runs on the FnApiRunner: on this job it is
-2.4x faster than Prism at 1 M and 2 M events (``benchmarks/README.md``);
+1.7x faster than Prism at 1 M and 2 M events (``benchmarks/README.md``);
 ``--runner=DirectRunner`` runs it on Prism, as Beam would.
 """
 
