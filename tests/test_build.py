@@ -32,7 +32,12 @@ from features.kafka import KafkaSettings
 from features.windows import attach_windows
 from pipelines import build
 from pipelines.beam.io import InputFileError
-from pipelines.beam.runner import prepare_runner, runner_name, use_local_prism
+from pipelines.beam.runner import (
+    prepare_runner,
+    prism_binary,
+    runner_name,
+    use_local_prism,
+)
 from pipelines.event_stream import publish_events, publish_raw
 from pipelines.reference import (
     ReferenceOutput,
@@ -111,15 +116,24 @@ def test_outputs_equal_the_reference(built: Path, reference: ReferenceOutput) ->
 
 
 def test_direct_runner_runs_the_job_on_prism(
-    dataset: Path, reference: ReferenceOutput, tmp_path: Path
+    dataset: Path,
+    reference: ReferenceOutput,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """The documented command, ``--runner=DirectRunner``: Prism runs it (the
     local binary, no download), and the outputs equal the reference's."""
-    summary = build.run(
-        ["--runner=DirectRunner", "--input", str(dataset), "--output",
-         str(tmp_path), "--shards", "4"]
-    )  # fmt: skip
+    with caplog.at_level(logging.INFO):
+        summary = build.run(
+            ["--runner=DirectRunner", "--input", str(dataset), "--output",
+             str(tmp_path), "--shards", "4"]
+        )  # fmt: skip
     assert summary["runner"] == "PrismRunner"
+    # Prism's own log, relayed by Beam: the local binary ran the job.
+    prism = [r.getMessage() for r in caplog.records if r.name == "PrismRunner"]
+    assert any("pipeline done" in line for line in prism), prism
+    assert str(prism_binary()) in caplog.text
+    assert "Downloading prism" not in caplog.text
     _assert_same_as_reference(tmp_path, reference)
 
 

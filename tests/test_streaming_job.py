@@ -134,7 +134,7 @@ def run(
     summary = build.run(
         [
             "--streaming",
-            "--runner=FnApiRunner",  # what DirectRunner picks, without the Prism probe
+            "--runner=FnApiRunner",  # what a DirectRunner streaming job runs on here
             f"--input={root / 'gen'}",
             f"--kafka-bootstrap={kafka_settings.bootstrap}",
             f"--events-topic={events_topic}",
