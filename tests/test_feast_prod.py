@@ -1,6 +1,6 @@
 """Feast on the production-like configuration: Redis online store, SQL registry
-on PostgreSQL (both run on 127.0.0.1 on the dev and CI machines; ``.ci/run``
-starts them when they are down).
+on PostgreSQL, both on 127.0.0.1 (``make test`` starts them when they are
+down: ``scripts/services.sh``).
 
 Isolation: each test uses its own Feast project (which prefixes every Redis
 key, and which ``store.teardown()`` deletes) and its own PostgreSQL database,
