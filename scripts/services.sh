@@ -27,8 +27,8 @@ apt_install() {
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >/dev/null
 }
 
-redis_up() { redis-cli -h 127.0.0.1 -p "$REDIS_PORT" ping 2>/dev/null | grep -q PONG; }
-pg_up() { pg_isready -h 127.0.0.1 -p "$PG_PORT" -q 2>/dev/null; }
+redis_up() { command -v redis-cli >/dev/null && redis-cli -h 127.0.0.1 -p "$REDIS_PORT" ping 2>/dev/null | grep -q PONG; }
+pg_up() { command -v pg_isready >/dev/null && pg_isready -h 127.0.0.1 -p "$PG_PORT" -q 2>/dev/null; }
 
 pg_bindir() {
   local dir

@@ -218,6 +218,7 @@ class EmbeddedKafka:
         self._home = home
         self._own_home = home is None
         self._log_path = log_path
+        self._own_log = log_path is None
         self._start_timeout = start_timeout
         self._heap = heap
         self._process: subprocess.Popen[bytes] | None = None
@@ -435,7 +436,8 @@ class EmbeddedKafka:
         if self._own_home and self._home is not None:
             shutil.rmtree(self._home, ignore_errors=True)
             self._home = None
-            self._log_path = None
+            if self._own_log:
+                self._log_path = None
 
     def _close_log(self) -> None:
         if self._log_file is not None:
