@@ -48,7 +48,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from features.example_messages import decode_example_message
-from features.kafka import EmbeddedKafka, KafkaSettings, ensure_topics
+from features.kafka import EmbeddedKafka, KafkaSettings, ensure_topics, topic_records
 from pipelines.event_stream import publish_events, publish_raw
 from pipelines.streaming.config import LABEL_WINDOW_MS
 
@@ -84,28 +84,6 @@ def _percentiles(values: Sequence[float]) -> dict[str, float | None]:
         "p99": round(float(np.percentile(array, 99)) / 1000, 3),
         "n": int(array.size),
     }
-
-
-def _records(settings: KafkaSettings, topic: str) -> list[Any]:
-    """Every record of a topic (value, timestamp), read until idle."""
-    from kafka import KafkaConsumer, TopicPartition
-
-    consumer = KafkaConsumer(**settings.client_config(), enable_auto_commit=False)
-    out: list[Any] = []
-    try:
-        partitions = consumer.partitions_for_topic(topic) or set()
-        tps = [TopicPartition(topic, p) for p in sorted(partitions)]
-        consumer.assign(tps)
-        consumer.seek_to_beginning(*tps)
-        idle = 0
-        while idle < 4:
-            batches = consumer.poll(timeout_ms=250)
-            idle = 0 if batches else idle + 1
-            for records in batches.values():
-                out.extend(records)
-    finally:
-        consumer.close()
-    return out
 
 
 def _example_freshness(
@@ -250,9 +228,9 @@ def run_stream_demo(config: StreamDemoConfig) -> dict[str, Any]:
                     out / "trainer.jsonl",
                     published["counts"].get("examples_published", 0),
                 )
-            event_records = _records(settings, "gem.events")
-            example_records = _records(settings, "gem.examples")
-            dead = _records(settings, "gem.events.dead-letter")
+            event_records = list(topic_records(settings, "gem.events"))
+            example_records = list(topic_records(settings, "gem.examples"))
+            dead = list(topic_records(settings, "gem.events.dead-letter"))
         finally:
             for proc in procs:
                 if proc.poll() is None:

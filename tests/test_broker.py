@@ -18,7 +18,7 @@ import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.structs import OffsetAndMetadata
 
-from features.kafka import BrokerStartError, EmbeddedKafka, KafkaSettings
+from features.kafka import BrokerStartError, EmbeddedKafka, KafkaSettings, topic_records
 from features.kafka.broker import LOOPBACK, kafka_cluster
 
 pytestmark = pytest.mark.integration
@@ -156,23 +156,6 @@ def test_cli_runs_until_interrupted(tmp_path: Path) -> None:
             process.wait()
 
 
-def _consume_all(bootstrap: str, topic: str, partitions: int) -> list[bytes]:
-    """Every value on ``topic``, read from the start up to its end offsets."""
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
-    try:
-        tps = [TopicPartition(topic, p) for p in range(partitions)]
-        consumer.assign(tps)
-        consumer.seek_to_beginning(*tps)
-        ends = consumer.end_offsets(tps)
-        values: list[bytes] = []
-        while any(consumer.position(tp) < ends[tp] for tp in tps):
-            for records in consumer.poll(timeout_ms=500).values():
-                values += [r.value for r in records]
-        return values
-    finally:
-        consumer.close()
-
-
 def test_restart_on_the_same_home_keeps_topics_records_and_offsets(
     tmp_path: Path,
 ) -> None:
@@ -194,9 +177,9 @@ def test_restart_on_the_same_home_keeps_topics_records_and_offsets(
         port = broker.port
     assert (home / "data" / "meta.properties").exists()  # kept after stop
     with EmbeddedKafka(home=home, port=port) as broker:
-        assert sorted(_consume_all(broker.bootstrap, "kept", 2)) == sorted(
-            f"v{i}".encode() for i in range(20)
-        )
+        assert sorted(
+            r.value for r in topic_records(broker.settings, "kept")
+        ) == sorted(f"v{i}".encode() for i in range(20))
         consumer = KafkaConsumer(bootstrap_servers=broker.bootstrap, group_id="keeper")
         assert consumer.committed(TopicPartition("kept", 0)) == 7
         consumer.close()
@@ -246,7 +229,7 @@ def test_sigkill_mid_stream_loses_no_acknowledged_record(tmp_path: Path) -> None
         producer.close()
         assert not failed, failed[:3]
         assert 500 <= acked_before_kill < 4000  # the kill landed mid-stream
-        stored = _consume_all(broker.bootstrap, "durable", 3)
+        stored = [r.value for r in topic_records(broker.settings, "durable")]
         assert len(stored) == len(set(stored)), "a record was stored twice"
         assert set(acknowledged) <= set(stored), "an acknowledged record was lost"
         assert len(acknowledged) == 4000

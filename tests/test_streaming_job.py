@@ -25,7 +25,7 @@ import pytest
 from feast import FeatureStore
 
 from features.example_messages import decode_example_message
-from features.kafka import KafkaSettings
+from features.kafka import KafkaSettings, topic_records
 from features.windows import attach_windows
 from pipelines import build, feast_ops
 from pipelines.event_stream import publish_events, publish_raw
@@ -62,24 +62,8 @@ class StreamRun:
 
 
 def read_topic(settings: KafkaSettings, topic: str) -> list[bytes]:
-    """Every message value of a topic (stops after an idle second)."""
-    from kafka import KafkaConsumer, TopicPartition
-
-    consumer = KafkaConsumer(**settings.client_config(), enable_auto_commit=False)
-    values: list[bytes] = []
-    try:
-        tps = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic)]
-        consumer.assign(tps)
-        consumer.seek_to_beginning(*tps)
-        idle = 0
-        while idle < 4:
-            batches = consumer.poll(timeout_ms=250)
-            idle = 0 if batches else idle + 1
-            for records in batches.values():
-                values.extend(r.value for r in records)
-    finally:
-        consumer.close()
-    return values
+    """Every message value of a topic."""
+    return [record.value for record in topic_records(settings, topic)]
 
 
 def late_copies(events: pa.Table, count: int, shift_ms: int, tag: str) -> pa.Table:

@@ -3,7 +3,7 @@
 from features.kafka import client_fixes
 from features.kafka.broker import BrokerStartError, EmbeddedKafka, kafka_cluster
 from features.kafka.settings import KafkaSettings, add_kafka_arguments
-from features.kafka.topics import ensure_topics
+from features.kafka.topics import ensure_topics, topic_records
 
 client_fixes.apply()
 
@@ -14,4 +14,5 @@ __all__ = [
     "add_kafka_arguments",
     "ensure_topics",
     "kafka_cluster",
+    "topic_records",
 ]

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 from features.kafka.settings import MAX_MESSAGE_BYTES, KafkaSettings
 
@@ -86,3 +87,33 @@ def ensure_topics(
                 probe.topics()  # refresh the metadata cache
     finally:
         probe.close()
+
+
+def topic_records(settings: KafkaSettings, topic: str) -> Iterator[Any]:
+    """Every record of ``topic``, from its start to the end offsets seen now.
+
+    No group: nothing is committed. Records published after the call begins
+    are left out; a topic that does not exist yields nothing. Fetches allow
+    messages of :data:`~features.kafka.settings.MAX_MESSAGE_BYTES`.
+    """
+    from kafka import KafkaConsumer, TopicPartition
+
+    consumer = KafkaConsumer(
+        **settings.client_config(),
+        enable_auto_commit=False,
+        max_partition_fetch_bytes=MAX_MESSAGE_BYTES,
+        fetch_max_bytes=2 * MAX_MESSAGE_BYTES,
+    )
+    try:
+        partitions = consumer.partitions_for_topic(topic) or set()
+        tps = [TopicPartition(topic, p) for p in sorted(partitions)]
+        if not tps:
+            return
+        consumer.assign(tps)
+        consumer.seek_to_beginning(*tps)
+        ends = consumer.end_offsets(tps)
+        while any(consumer.position(tp) < ends[tp] for tp in tps):
+            for records in consumer.poll(timeout_ms=200, max_records=1000).values():
+                yield from records
+    finally:
+        consumer.close()

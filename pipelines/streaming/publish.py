@@ -34,7 +34,7 @@ from features.example_messages import (
     encode_example_message,
     message_headers,
 )
-from features.kafka import KafkaSettings
+from features.kafka import KafkaSettings, topic_records
 from features.windows import timeline_segments
 from pipelines.streaming.tables import state_table
 
@@ -50,33 +50,12 @@ PRODUCER_TUNING: Final = {
 
 def published_example_ids(settings: KafkaSettings, topic: str) -> set[str]:
     """Every example id on ``topic`` (the ledger), from the start to its end."""
-    from kafka import KafkaConsumer, TopicPartition
-
-    consumer = KafkaConsumer(
-        **settings.client_config(),
-        enable_auto_commit=False,
-        max_partition_fetch_bytes=64 * 1024 * 1024,
-        fetch_max_bytes=128 * 1024 * 1024,
-    )
     ids: set[str] = set()
-    try:
-        partitions = consumer.partitions_for_topic(topic) or set()
-        tps = [TopicPartition(topic, p) for p in sorted(partitions)]
-        if not tps:
-            return ids
-        consumer.assign(tps)
-        consumer.seek_to_beginning(*tps)
-        ends = consumer.end_offsets(tps)
-        while any(consumer.position(tp) < ends[tp] for tp in tps):
-            batches = consumer.poll(timeout_ms=200, max_records=1000)
-            for records in batches.values():
-                for record in records:
-                    decoded = decode_example_message(record.value)
-                    if decoded.examples is not None:
-                        ids.update(decoded.examples.column("example_id").to_pylist())
-        return ids
-    finally:
-        consumer.close()
+    for record in topic_records(settings, topic):
+        decoded = decode_example_message(record.value)
+        if decoded.examples is not None:
+            ids.update(decoded.examples.column("example_id").to_pylist())
+    return ids
 
 
 class PublishExampleMessagesFn(beam.DoFn):  # type: ignore[misc]
