@@ -118,7 +118,7 @@ def run(
     summary = build.run(
         [
             "--streaming",
-            "--runner=FnApiRunner",  # what a DirectRunner streaming job runs on here
+            "--runner=DirectRunner",  # Prism
             f"--input={root / 'gen'}",
             f"--kafka-bootstrap={kafka_settings.bootstrap}",
             f"--events-topic={events_topic}",
@@ -242,13 +242,28 @@ def test_streaming_needs_its_topics(tmp_path: Path) -> None:
         build.run(["--streaming", f"--input={tmp_path}", "--kafka-bootstrap=x:1"])
 
 
-def test_only_local_runners_get_the_entity_stage_break() -> None:
-    from apache_beam.options.pipeline_options import PipelineOptions
+def test_runners_that_cannot_stream_are_refused(tmp_path: Path) -> None:
+    for runner in ("FnApiRunner", "BundleBasedDirectRunner"):
+        with pytest.raises(SystemExit, match="cannot stream"):
+            build.run(
+                [
+                    "--streaming",
+                    f"--runner={runner}",
+                    f"--input={tmp_path}",
+                    "--events-topic=e",
+                    "--examples-topic=x",
+                    "--kafka-bootstrap=127.0.0.1:1",
+                ]
+            )
 
-    from pipelines.streaming.job import local_runner
 
-    assert local_runner(PipelineOptions([]))  # Beam's default: DirectRunner
-    for runner in ("DirectRunner", "FnApiRunner", "BundleBasedDirectRunner"):
-        assert local_runner(PipelineOptions([f"--runner={runner}"])), runner
-    for runner in ("FlinkRunner", "DataflowRunner", "PrismRunner"):
-        assert not local_runner(PipelineOptions([f"--runner={runner}"])), runner
+def test_a_directrunner_stream_runs_on_the_local_prism() -> None:
+    from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+
+    from pipelines.beam.runner import prism_binary, prism_location
+    from pipelines.streaming.job import choose_streaming_runner
+
+    options = PipelineOptions(["--runner=DirectRunner"])
+    choose_streaming_runner(options)
+    assert options.view_as(StandardOptions).runner == "PrismRunner"
+    assert prism_location(options) == str(prism_binary())

@@ -58,7 +58,7 @@ def _job(
         "-m",
         "pipelines.build",
         "--streaming",
-        "--runner=FnApiRunner",
+        "--runner=DirectRunner",
         f"--input={data}",
         f"--output={out}",
         f"--kafka-bootstrap={settings.bootstrap}",

@@ -83,6 +83,12 @@ def use_local_prism(options: PipelineOptions) -> None:
     )
 
 
+def prism_location(options: PipelineOptions) -> str | None:
+    """The Prism binary the options point at, if any."""
+    location = options.view_as(PrismRunnerOptions).prism_location
+    return str(location) if location else None
+
+
 def runner_that_ran(options: PipelineOptions, result: Any) -> str:
     """The runner that really ran the job: the DirectRunner says which it chose.
 

@@ -15,10 +15,10 @@ The stages (each a stateful DoFn keyed by shard, timers in event time)::
                                    |-- example messages -> PublishExamples  |
                                    '-- push rows ----------------------> PushToFeast
 
-Runs unchanged on Flink or Dataflow (keyed state, event-time timers and an
-unbounded splittable DoFn are portable); see the README for their flags. On
-Beam's local runners a Reshuffle goes before EntityShardFn (see
-:func:`local_runner`).
+Locally it runs on Prism, Beam's portable local runner, which streams: every
+stage runs as its input arrives and the watermark is the reader's. The same
+graph runs on Flink or Dataflow (keyed state, event-time timers and an
+unbounded splittable DoFn are portable); see the README for their flags.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from apache_beam.options.pipeline_options import PipelineOptions, StandardOption
 
 from features.kafka import ensure_topics
 from pipelines.beam.options import GemBuildOptions, kafka_settings
-from pipelines.beam.runner import DEFAULT_LOCAL_RUNNER, runner_name
+from pipelines.beam.runner import prism_location, runner_name, use_local_prism
 from pipelines.streaming.config import StreamConfig
 from pipelines.streaming.entity_state import PUSH, EntityShardFn, route_entity_rows
 from pipelines.streaming.feast_push import PushToFeastFn
@@ -158,10 +158,7 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
     """Run the streaming job (until cancelled, or idle in a bounded run)."""
     options = PipelineOptions(argv)
     options.view_as(StandardOptions).streaming = True
-    if runner_name(options) in ("DirectRunner", "SwitchingDirectRunner"):
-        # Locally the streaming job runs on the FnApiRunner, where its
-        # restart, outage and equality tests hold; Prism is not used for it.
-        options.view_as(StandardOptions).runner = DEFAULT_LOCAL_RUNNER
+    choose_streaming_runner(options)
     build = options.view_as(GemBuildOptions)
     stream = options.view_as(StreamingOptions)
     if not (build.events_topic and build.examples_topic and build.input):
@@ -192,12 +189,6 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
     entity_rows = read.events | "ShardByEntity" >> beam.FlatMap(
         _entity_elements, config.entity_shards
     ).with_output_types(tuple[int, bytes])
-    if local_runner(options):
-        entity_rows = (
-            entity_rows
-            | "StageBreak" >> beam.Reshuffle()
-            | "TypeEntityRows" >> beam.Map(_same).with_output_types(tuple[int, bytes])
-        )
     entity = entity_rows | "EntityCounters" >> beam.ParDo(
         EntityShardFn(config, push)
     ).with_outputs(PUSH, main="answers")
@@ -262,31 +253,31 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
     return summary
 
 
-LOCAL_RUNNERS: Final = frozenset(
-    {"DirectRunner", "SwitchingDirectRunner", "FnApiRunner", "BundleBasedDirectRunner"}
-)
+BATCH_ONLY_RUNNERS: Final = frozenset({"FnApiRunner", "BundleBasedDirectRunner"})
+"""Beam's in-process runners: they run an unbounded source to its end before
+the stages after it, so nothing would come out while the stream is live."""
 
 
-def local_runner(options: PipelineOptions) -> bool:
-    """Whether the job runs on Beam's local runners (the FnApiRunner here).
+def choose_streaming_runner(options: PipelineOptions) -> None:
+    """Run a DirectRunner job on Prism, and refuse runners that cannot stream.
 
-    There the entity stage gets a stage of its own (a Reshuffle before it).
-    Fused into the reader's stage, its event-time timers fire in bundles of
-    their own, and the FnApiRunner takes a timer bundle that sets no new
-    timer as the end of *all* the stage's outputs, the live reader's events
-    included: the stages after it (the user stage) then run on a partial
-    stream, with every timer at the end of time, and release examples whose
-    entity answers are still to come ("no ad counters for examples ...";
-    both 10-minute live streams tried without it hit this; the reading of
-    the runner is from ``fn_runner.py``, see
-    ``benchmarks/streaming_runner_repro.py``). On Flink and Dataflow stages
-    are not scheduled that way and the extra shuffle is not added.
+    The DirectRunner would fall back to the FnApiRunner without a word where
+    Prism is missing; a streaming job names Prism itself and says what to do
+    when its binary is not there.
     """
-    runner = options.view_as(StandardOptions).runner
-    if runner is None:
-        return True  # Beam's default, the DirectRunner
-    name = runner if isinstance(runner, str) else type(runner).__name__
-    return name.rsplit(".", 1)[-1] in LOCAL_RUNNERS
+    name = runner_name(options)
+    if name in BATCH_ONLY_RUNNERS:
+        raise SystemExit(
+            f"--runner={name} cannot stream (it drains the source before the "
+            "stages after it); use --runner=DirectRunner (Prism) or a "
+            "distributed runner"
+        )
+    if name not in ("DirectRunner", "SwitchingDirectRunner", "PrismRunner"):
+        return
+    options.view_as(StandardOptions).runner = "PrismRunner"
+    use_local_prism(options)
+    if not prism_location(options):
+        raise SystemExit("the streaming job runs on Prism: run `make prism` first")
 
 
 def _same(element: Any) -> Any:

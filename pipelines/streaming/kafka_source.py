@@ -1,16 +1,23 @@
 """``ReadEventStream``: an unbounded Kafka read as a splittable DoFn (kafka-python).
 
-One restriction per partition, an :class:`OffsetRange` ``[start, end)`` whose
-end is "never" (or, in bounded runs, the offset reached when the partition has
-been idle for ``idle_seconds``). Each ``process`` call polls once, claims the
-offsets it read, and defers the rest of the range (``defer_remainder``): the
-runner checkpoints the restriction between calls, which is how an unbounded
-source runs on the DirectRunner, Flink and Dataflow alike.
+One element per topic, read by one consumer assigned to every partition. Its
+restriction is the next offset of each partition (:class:`TopicPositions`),
+with no end. Each ``process`` call polls for up to ``CALL_SECONDS``, claims
+the offsets it read, and defers the rest (``defer_remainder``): the runner
+checkpoints the positions between calls, which is how an unbounded source
+runs on Prism, Flink and Dataflow alike. A bounded run (``idle_seconds``)
+ends the restriction once the whole topic has been idle.
+
+Why one restriction for all partitions: the source's watermark is the
+minimum over the partitions of ``max event time seen - out_of_orderness``
+(:class:`PartitionWatermarks`), and that minimum can only be taken where all
+partitions are read. With one restriction per partition the runner would
+have to combine their estimates; Prism keeps the estimate of the bundle it
+finished last, so one partition running ahead moved every timer downstream
+past events another partition had not delivered yet.
 
 Each poll is decoded and validated (:func:`features.events.decode_event`)
-right here, because the watermark is event time: the partition's watermark is
-``max event time seen - out_of_orderness`` (a manual watermark estimator),
-never moving back. An event is
+right here, because the watermark is event time. An event is
 
 - *on time* when its time is at or after the watermark;
 - *late but allowed* when it is less than ``allowed_lateness`` behind the
@@ -19,10 +26,11 @@ never moving back. An event is
 - *too late* when it is ``allowed_lateness`` or more behind: a dead letter
   with reason ``late: ...`` (never silently dropped).
 
-Output: per poll, one :class:`EventBatch` (valid events, in EVENT_SCHEMA plus
-the Kafka record time ``published_ms``), timestamped with its earliest event
-time, so it holds the downstream watermark until it is processed; and dead
-letters (tagged ``dead_letters``) as JSON lines.
+Output: per poll and partition, one :class:`EventBatch` (valid events, in
+EVENT_SCHEMA plus the Kafka record time ``published_ms``), timestamped with
+its earliest event time, so it holds the downstream watermark until it is
+processed; dead letters (tagged ``dead_letters``) as JSON lines; progress
+marks (tagged ``marks``) for the offset committer.
 
 Offsets: the consumer never auto-commits. What is committed, and when, is the
 job's durability rule (:mod:`.offsets`).
@@ -31,7 +39,6 @@ job's durability rule (:mod:`.offsets`).
 from __future__ import annotations
 
 import json
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -40,10 +47,13 @@ from typing import Any, Final
 import apache_beam as beam
 import pyarrow as pa
 from apache_beam import pvalue
-from apache_beam.io.restriction_trackers import OffsetRange, OffsetRestrictionTracker
-from apache_beam.io.watermark_estimators import ManualWatermarkEstimator
+from apache_beam.io.iobase import (
+    RestrictionProgress,
+    RestrictionTracker,
+    WatermarkEstimator,
+)
 from apache_beam.metrics import Metrics
-from apache_beam.transforms.core import RestrictionProvider
+from apache_beam.transforms.core import RestrictionProvider, WatermarkEstimatorProvider
 from apache_beam.utils.timestamp import Duration, Timestamp
 
 from features.events import EVENT_SCHEMA, decode_event, now_ms
@@ -55,28 +65,42 @@ METRICS_NAMESPACE: Final = "gem.stream"
 DEAD_LETTERS: Final = "dead_letters"
 MARKS: Final = "marks"
 EVENTS: Final = "events"
-NEVER: Final = sys.maxsize
 POLL_MS: Final = 100
 MAX_RECORDS: Final = 20_000
-CALL_SECONDS: Final = 2.0
+CALL_SECONDS: Final = 0.5
+"""A call's outputs reach the next stages when its bundle ends: this bounds
+what the reader adds to an event's freshness."""
 PROBE_TIMEOUT_MS: Final = 3_000
 PROBE_SLOW_SECONDS: Final = 1.5
 """Bounded runs: a broker round trip slower than this (a fetch long-poll ahead
 of it on the connection takes up to 0.5 s) counts as the broker being quiet
-(see :meth:`ReadPartitionFn._idle_confirmed_now`) ..."""
+(see :meth:`ReadTopicFn._idle_confirmed_now`) ..."""
 MAX_SLOW_PROBES: Final = 3
 """... up to this many times in a row: a broker that is always that slow (an
 overloaded machine) must not keep a bounded run from ever finishing."""
-MIN_TIMESTAMP_MS: Final = -(2**62) // 1000
+END: Final = "end"
+"""The claim that finishes a bounded run's restriction."""
 
 
 @dataclass(frozen=True)
-class PartitionRead:
-    """What to read: a topic partition from an offset (the element of the SDF)."""
+class TopicRead:
+    """What to read: a topic, from an offset per partition (the SDF's element)."""
 
     topic: str
-    partition: int
-    start: int
+    starts: tuple[tuple[int, int], ...]
+    """``(partition, first offset)``, by partition."""
+
+
+@dataclass(frozen=True)
+class TopicPositions:
+    """The restriction: the next offset of each partition.
+
+    ``finished`` marks the part already read: after a checkpoint or at the
+    end of a bounded run, nothing in it is left to claim.
+    """
+
+    next: tuple[tuple[int, int], ...]
+    finished: bool = False
 
 
 @dataclass(frozen=True)
@@ -96,64 +120,138 @@ class EventBatch:
     events: pa.Table
 
 
-class _PartitionRestrictions(RestrictionProvider):  # type: ignore[misc]
-    """``[start, NEVER)`` per partition; never split (one reader per partition)."""
+class TopicPositionsTracker(RestrictionTracker):  # type: ignore[misc]
+    """Claims ``(partition, offset)`` in order per partition, or :data:`END`.
 
-    def initial_restriction(self, element: PartitionRead) -> OffsetRange:
-        return OffsetRange(element.start, NEVER)
+    The runner may checkpoint it at the current positions (a split at
+    fraction 0); it cannot split it by fraction: a remainder that never ends
+    has no half.
+    """
 
-    def create_tracker(self, restriction: OffsetRange) -> OffsetRestrictionTracker:
-        return OffsetRestrictionTracker(restriction)
+    def __init__(self, restriction: TopicPositions) -> None:
+        self._restriction = restriction
+        self._next = dict(restriction.next)
+        self._stopped = restriction.finished
+        self._claimed = 0
 
-    def restriction_size(self, element: PartitionRead, restriction: OffsetRange) -> int:
-        return 1  # unknown; every partition weighs the same
+    def current_restriction(self) -> TopicPositions:
+        return self._restriction
 
-    def split(self, element: PartitionRead, restriction: OffsetRange) -> Iterator[Any]:
+    def try_claim(self, position: Any) -> bool:
+        if self._stopped:
+            return False
+        if position == END:
+            self._stop()
+            return True
+        partition, offset = position
+        if offset < self._next[partition]:
+            raise ValueError(
+                f"offset {offset} of partition {partition} claimed after "
+                f"{self._next[partition]}"
+            )
+        self._next[partition] = offset + 1
+        self._claimed += 1
+        return True
+
+    def try_split(self, fraction_of_remainder: float) -> Any:
+        if self._stopped or fraction_of_remainder > 0:
+            return None
+        residual = TopicPositions(tuple(sorted(self._next.items())))
+        return self._stop(), residual
+
+    def _stop(self) -> TopicPositions:
+        self._stopped = True
+        self._restriction = TopicPositions(
+            tuple(sorted(self._next.items())), finished=True
+        )
+        return self._restriction
+
+    def check_done(self) -> None:
+        if not self._stopped:
+            raise ValueError("the topic read ended neither deferred nor finished")
+
+    def current_progress(self) -> RestrictionProgress:
+        return RestrictionProgress(completed=self._claimed, remaining=1)
+
+    def is_bounded(self) -> bool:
+        return False
+
+
+class _TopicRestrictions(RestrictionProvider):  # type: ignore[misc]
+    """The element's start offsets; never split (see the module docstring)."""
+
+    def initial_restriction(self, element: TopicRead) -> TopicPositions:
+        return TopicPositions(element.starts)
+
+    def create_tracker(self, restriction: TopicPositions) -> TopicPositionsTracker:
+        return TopicPositionsTracker(restriction)
+
+    def restriction_size(self, element: TopicRead, restriction: TopicPositions) -> int:
+        return 1  # unknown
+
+    def split(self, element: TopicRead, restriction: TopicPositions) -> Iterator[Any]:
         yield restriction
 
 
-_RESTRICTION = beam.DoFn.RestrictionParam(_PartitionRestrictions())
-_WATERMARK = beam.DoFn.WatermarkEstimatorParam(
-    ManualWatermarkEstimator.default_provider()
-)
+PartitionState = tuple[tuple[int, int | None], ...]
+"""``((partition, mark ms or None), ...)``."""
 
 
-class _Consumers:
-    """One kafka-python consumer per (topic, partition), kept across calls."""
+class PartitionWatermarks(WatermarkEstimator):  # type: ignore[misc]
+    """The source's watermark: the minimum of the partitions' marks.
 
-    def __init__(self, settings: KafkaSettings, group_id: str) -> None:
-        self._settings = settings
-        self._group_id = group_id
-        self._open: dict[tuple[str, int], Any] = {}
+    A partition's mark is its newest event time minus the out-of-orderness,
+    never moving back. Every partition counts, also a quiet one: a partition
+    is quiet alike when its producers are and when the broker is away, and
+    taking the second for the first would make what it then delivers late.
+    So a partition that never gets events holds the stream back (a bounded
+    run still ends). The marks travel with the checkpointed restriction.
+    """
 
-    def at(self, topic: str, partition: int, offset: int) -> Any:
-        """The partition's consumer, positioned at ``offset``."""
-        from kafka import KafkaConsumer, TopicPartition
+    def __init__(self, state: PartitionState) -> None:
+        self._marks = dict(state)
 
-        tp = TopicPartition(topic, partition)
-        consumer = self._open.get((topic, partition))
-        if consumer is None:
-            consumer = KafkaConsumer(
-                **self._settings.consumer_config(
-                    group_id=self._group_id,
-                    enable_auto_commit=False,
-                    max_partition_fetch_bytes=8 * 1024 * 1024,
-                )
-            )
-            consumer.assign([tp])
-            consumer.seek(tp, offset)
-            self._open[(topic, partition)] = consumer
-        elif consumer.position(tp) != offset:
-            consumer.seek(tp, offset)
-        return consumer
+    def advance(self, partition: int, mark: int) -> None:
+        """Raise a partition's mark (ms) to ``mark``."""
+        current = self._marks.get(partition)
+        if current is None or mark > current:
+            self._marks[partition] = mark
 
-    def close(self) -> None:
-        for consumer in self._open.values():
-            consumer.close()
-        self._open.clear()
+    def mark_ms(self) -> int | None:
+        """The watermark in ms, or None while a partition has no mark."""
+        marks = list(self._marks.values())
+        if not marks or any(mark is None for mark in marks):
+            return None
+        return min(mark for mark in marks if mark is not None)
+
+    def current_watermark(self) -> Timestamp | None:
+        mark = self.mark_ms()
+        return None if mark is None else Timestamp(micros=mark * 1000)
+
+    def observe_timestamp(self, timestamp: Timestamp) -> None:
+        pass  # the marks are set by the reader, not by output timestamps
+
+    def get_estimator_state(self) -> PartitionState:
+        return tuple(sorted(self._marks.items()))
 
 
-class ReadPartitionFn(beam.DoFn):  # type: ignore[misc]
+class _WatermarksProvider(WatermarkEstimatorProvider):  # type: ignore[misc]
+    def initial_estimator_state(
+        self, element: TopicRead, restriction: TopicPositions
+    ) -> PartitionState:
+        return tuple((p, None) for p, _ in element.starts)
+
+    def create_watermark_estimator(
+        self, estimator_state: PartitionState
+    ) -> PartitionWatermarks:
+        return PartitionWatermarks(estimator_state)
+
+
+_RESTRICTION = beam.DoFn.RestrictionParam(_TopicRestrictions())
+_WATERMARK = beam.DoFn.WatermarkEstimatorParam(_WatermarksProvider())
+
+
+class ReadTopicFn(beam.DoFn):  # type: ignore[misc]
     """The splittable DoFn: poll, validate, classify lateness, set the watermark.
 
     Args:
@@ -164,8 +262,8 @@ class ReadPartitionFn(beam.DoFn):  # type: ignore[misc]
             still be on time).
         allowed_lateness_ms: how far behind the watermark an event may still
             be incorporated.
-        idle_seconds: bounded runs: stop a partition after this long without
-            a message while the broker answered (None: read forever).
+        idle_seconds: bounded runs: stop after this long without a message
+            on any partition while the broker answered (None: read forever).
         now_ms: validation clock (None: the wall clock at each poll).
     """
 
@@ -185,14 +283,13 @@ class ReadPartitionFn(beam.DoFn):  # type: ignore[misc]
         self._lateness = allowed_lateness_ms
         self._idle_seconds = idle_seconds
         self._now = now_ms
-        self._consumers: _Consumers | None = None
-        # Bounded runs: seconds spent polling a partition since its last
-        # message. Only polling time counts: between two calls of a partition
-        # the runner runs the others (and the stages after), which says
-        # nothing about whether the topic is idle.
-        self._quiet_for: dict[tuple[str, int], float] = {}
-        self._idle_confirmed: set[tuple[str, int]] = set()
-        self._slow_probes: dict[tuple[str, int], int] = {}
+        self._consumer: Any = None
+        # Bounded runs: seconds spent polling since the last message. Only
+        # polling time counts: between two calls the runner runs the stages
+        # after the reader, which says nothing about whether the topic is idle.
+        self._quiet_for = 0.0
+        self._idle_confirmed = False
+        self._slow_probes = 0
         self.read = Metrics.counter(METRICS_NAMESPACE, "events_read")
         self.valid = Metrics.counter(METRICS_NAMESPACE, "events_valid")
         self.invalid = Metrics.counter(METRICS_NAMESPACE, "events_dead_lettered")
@@ -200,133 +297,150 @@ class ReadPartitionFn(beam.DoFn):  # type: ignore[misc]
         self.too_late = Metrics.counter(METRICS_NAMESPACE, "events_too_late")
         self.broker_quiet = Metrics.counter(METRICS_NAMESPACE, "broker_quiet_probes")
 
-    def setup(self) -> None:
-        """Consumers are opened lazily, one per partition."""
-        self._consumers = _Consumers(self._settings, self._group_id)
-
     def teardown(self) -> None:
-        """Close the consumers."""
-        if self._consumers is not None:
-            self._consumers.close()
+        """Close the consumer."""
+        if self._consumer is not None:
+            self._consumer.close()
+            self._consumer = None
+
+    def _consumer_at(self, topic: str, positions: TopicPositions) -> Any:
+        """The consumer (kept across calls), at the restriction's offsets."""
+        from kafka import KafkaConsumer, TopicPartition
+
+        if self._consumer is None:
+            self._consumer = KafkaConsumer(
+                **self._settings.consumer_config(
+                    group_id=self._group_id,
+                    enable_auto_commit=False,
+                    max_partition_fetch_bytes=8 * 1024 * 1024,
+                )
+            )
+            self._consumer.assign([TopicPartition(topic, p) for p, _ in positions.next])
+            for partition, offset in positions.next:
+                self._consumer.seek(TopicPartition(topic, partition), offset)
+            return self._consumer
+        for partition, offset in positions.next:
+            tp = TopicPartition(topic, partition)
+            if self._consumer.position(tp) != offset:
+                self._consumer.seek(tp, offset)
+        return self._consumer
 
     @beam.DoFn.unbounded_per_element()
     def process(
         self,
-        element: PartitionRead,
-        tracker: OffsetRestrictionTracker = _RESTRICTION,
-        watermark: ManualWatermarkEstimator = _WATERMARK,
+        element: TopicRead,
+        tracker: TopicPositionsTracker = _RESTRICTION,
+        watermark: Any = _WATERMARK,
     ) -> Iterator[Any]:
-        """Poll for up to ``CALL_SECONDS``, then hand the rest back.
-
-        Two runner protocols end a call: portable runners (FnApiRunner,
-        Flink, Dataflow) take ``defer_remainder``; the DirectRunner's
-        streaming mode splits the restriction from outside after a second,
-        which shows as a finite range end (or a failed claim).
-        """
-        assert self._consumers is not None
-        key = (element.topic, element.partition)
+        """Poll for up to ``CALL_SECONDS``, then hand the rest back."""
         started = time.monotonic()
-        consumer = self._consumers.at(
-            element.topic, element.partition, tracker.current_restriction().start
-        )
+        consumer = self._consumer_at(element.topic, tracker.current_restriction())
         while True:
-            if tracker.current_restriction().stop != NEVER:
+            if tracker.current_restriction().finished:
                 return  # checkpointed by the runner: resumed later
             outputs, claimed_all = self._poll(element, consumer, tracker, watermark)
             yield from outputs
             if not claimed_all:
                 return
-            quiet = self._quiet_for.get(key, 0.0)
-            if self._idle_seconds is not None and quiet > self._idle_seconds:
-                if not self._idle_confirmed_now(consumer, key):
+            if self._idle_seconds is not None and self._quiet_for > self._idle_seconds:
+                if not self._idle_confirmed_now(consumer, element.topic):
                     # Idle time counts only from a moment the broker answered.
-                    self._quiet_for[key] = 0.0
+                    self._quiet_for = 0.0
                     continue
-                # Bounded run: the partition is finished. Claiming the last
-                # offset of the range completes it; the watermark then goes
+                # Bounded run: the topic is finished. The watermark then goes
                 # to the end of time and every timer downstream fires.
-                tracker.try_claim(NEVER - 1)
+                tracker.try_claim(END)
                 return
             if time.monotonic() - started > CALL_SECONDS:
                 tracker.defer_remainder(Duration.of(0))
                 return
 
-    def _idle_confirmed_now(self, consumer: Any, key: tuple[str, int]) -> bool:
-        """Bounded runs: is the partition's idleness the topic's, not the broker's?
+    def _idle_confirmed_now(self, consumer: Any, topic: str) -> bool:
+        """Bounded runs: is the topic's idleness the topic's, not the broker's?
 
         An empty poll looks the same whether the topic is quiet or the broker
-        is down (paused, restarting, unreachable). So a partition is finished
+        is down (paused, restarting, unreachable). So the read is finished
         only after a full idle period that *began* with a broker round trip
         (ListOffsets) coming back and ends with another: the first probe of
-        an idle partition only starts that period, counted from its answer.
-        A broker that does not answer (or answers late, as a paused one does
+        an idle topic only starts that period, counted from its answer. A
+        broker that does not answer (or answers late, as a paused one does
         once resumed) restarts it, so producers that were blocked by the
         outage get a full idle period to deliver what they buffered.
         """
-        from kafka import TopicPartition
         from kafka.errors import KafkaError
 
         started = time.monotonic()
         try:
-            consumer.end_offsets([TopicPartition(*key)], timeout_ms=PROBE_TIMEOUT_MS)
+            consumer.end_offsets(
+                list(consumer.assignment()), timeout_ms=PROBE_TIMEOUT_MS
+            )
         except KafkaError:
             self.broker_quiet.inc()
-            self._idle_confirmed.discard(key)
+            self._idle_confirmed = False
             return False
         slow = time.monotonic() - started > PROBE_SLOW_SECONDS
-        if slow and self._slow_probes.get(key, 0) < MAX_SLOW_PROBES:
-            self._slow_probes[key] = self._slow_probes.get(key, 0) + 1
+        if slow and self._slow_probes < MAX_SLOW_PROBES:
+            self._slow_probes += 1
             self.broker_quiet.inc()
-            self._idle_confirmed.discard(key)
+            self._idle_confirmed = False
             return False
         if not slow:
-            self._slow_probes.pop(key, None)
-        if key not in self._idle_confirmed:
-            self._idle_confirmed.add(key)
+            self._slow_probes = 0
+        if not self._idle_confirmed:
+            self._idle_confirmed = True
             return False
         return True
 
     def _poll(
         self,
-        element: PartitionRead,
+        element: TopicRead,
         consumer: Any,
-        tracker: OffsetRestrictionTracker,
-        watermark: ManualWatermarkEstimator,
+        tracker: TopicPositionsTracker,
+        watermark: PartitionWatermarks,
     ) -> tuple[list[Any], bool]:
         """One poll: claim, validate, classify lateness, set the watermark.
 
         Returns:
             The outputs, and False when a claim failed (the call must end).
         """
-        from kafka import TopicPartition
-
-        key = (element.topic, element.partition)
         polled = time.monotonic()
         records = consumer.poll(timeout_ms=POLL_MS, max_records=MAX_RECORDS)
-        messages = records.get(TopicPartition(*key), [])
-        if not messages:
-            self._quiet_for[key] = (
-                self._quiet_for.get(key, 0.0) + time.monotonic() - polled
+        outputs: list[Any] = []
+        claimed_all = True
+        for tp in sorted(records, key=lambda tp: tp.partition):
+            batch_outputs, claimed_all = self._read_partition(
+                element.topic, tp.partition, records[tp], tracker, watermark
             )
-            return [], True
-        self._quiet_for[key] = 0.0
-        self._idle_confirmed.discard(key)
-        current = watermark.current_watermark()
-        mark = None if current is None else current.micros // 1000
-        if mark is not None and mark < MIN_TIMESTAMP_MS:
-            mark = None
-        previous = mark
+            outputs += batch_outputs
+            if not claimed_all:
+                break
+        if any(records.values()):
+            self._quiet_for = 0.0
+            self._idle_confirmed = False
+        else:
+            self._quiet_for += time.monotonic() - polled
+        return outputs, claimed_all
+
+    def _read_partition(
+        self,
+        topic: str,
+        partition: int,
+        messages: list[Any],
+        tracker: TopicPositionsTracker,
+        watermark: PartitionWatermarks,
+    ) -> tuple[list[Any], bool]:
+        """The messages of one partition in one poll."""
         outputs: list[Any] = []
         records_ok: list[dict[str, Any]] = []
         published: list[int] = []
         clock = self._now if self._now is not None else now_ms()
-        source = f"{element.topic}/{element.partition}"
+        source = f"{topic}/{partition}"
         newest = None
         late_allowed = too_late = invalid = read = 0
         claimed_all = True
         next_offset = messages[0].offset
         for message in messages:
-            if not tracker.try_claim(message.offset):
+            if not tracker.try_claim((partition, message.offset)):
                 claimed_all = False
                 break
             read += 1
@@ -335,16 +449,15 @@ class ReadPartitionFn(beam.DoFn):  # type: ignore[misc]
             decoded = decode_event(payload, now=clock)
             if decoded.event is None:
                 invalid += 1
+                reason = decoded.reason or "invalid"
                 outputs.append(
-                    (
-                        DEAD_LETTERS,
-                        _dead_letter(
-                            payload, decoded.reason or "invalid", source, message
-                        ),
-                    )
+                    (DEAD_LETTERS, _dead_letter(payload, reason, source, message))
                 )
                 continue
             event_time = int(decoded.event["event_time"])
+            # Lateness is judged against the source's watermark (what the
+            # stages after it have seen), moved message by message.
+            mark = watermark.mark_ms()
             if mark is not None and event_time <= mark - self._lateness:
                 too_late += 1
                 reason = (
@@ -360,10 +473,7 @@ class ReadPartitionFn(beam.DoFn):  # type: ignore[misc]
             records_ok.append(decoded.event)
             published.append(int(message.timestamp))
             newest = event_time if newest is None else max(newest, event_time)
-            # The watermark moves message by message: lateness is judged
-            # against everything read before, not per poll.
-            if mark is None or event_time - self._slack > mark:
-                mark = event_time - self._slack
+            watermark.advance(partition, event_time - self._slack)
         self.read.inc(read)
         self.invalid.inc(invalid + too_late)
         self.too_late.inc(too_late)
@@ -386,11 +496,9 @@ class ReadPartitionFn(beam.DoFn):  # type: ignore[misc]
             )
         # Progress mark for the offset committer (.offsets): what was read
         # up to where, and how new it was.
-        progress = newest if newest is not None else mark
+        progress = newest if newest is not None else watermark.mark_ms()
         if read and progress is not None:
             outputs.append((MARKS, (source, (next_offset, int(progress)))))
-        if mark is not None and (previous is None or mark > previous):
-            watermark.set_watermark(Timestamp(micros=mark * 1000))
         return outputs, claimed_all
 
 
@@ -408,8 +516,8 @@ def _dead_letter(payload: bytes, reason: str, source: str, message: Any) -> str:
     return json.dumps(line, separators=(",", ":"), ensure_ascii=False)
 
 
-class PartitionsOf(beam.DoFn):  # type: ignore[misc]
-    """A topic -> one :class:`PartitionRead` per partition, from the beginning
+class StartOf(beam.DoFn):  # type: ignore[misc]
+    """A topic -> its :class:`TopicRead`: every partition from the beginning
     (replay: the state is rebuilt from the events) or from the group's
     committed offsets (runners whose checkpoints restore the state)."""
 
@@ -420,7 +528,7 @@ class PartitionsOf(beam.DoFn):  # type: ignore[misc]
         self._group_id = group_id
         self._from_committed = from_committed
 
-    def process(self, topic: str) -> Iterator[PartitionRead]:
+    def process(self, topic: str) -> Iterator[TopicRead]:
         """Ask the cluster for the partitions and the group's offsets."""
         from kafka import KafkaConsumer, TopicPartition
 
@@ -433,11 +541,13 @@ class PartitionsOf(beam.DoFn):  # type: ignore[misc]
             partitions = consumer.partitions_for_topic(topic)
             if not partitions:
                 raise ValueError(f"Kafka topic {topic!r} does not exist")
+            starts = []
             for partition in sorted(partitions):
                 committed = None
                 if self._from_committed:
                     committed = consumer.committed(TopicPartition(topic, partition))
-                yield PartitionRead(topic, partition, committed or 0)
+                starts.append((partition, committed or 0))
+            yield TopicRead(topic, tuple(starts))
         finally:
             consumer.close()
 
@@ -445,8 +555,8 @@ class PartitionsOf(beam.DoFn):  # type: ignore[misc]
 class _SplitByKind(beam.DoFn):  # type: ignore[misc]
     """``(kind, value)`` -> the output named by kind.
 
-    The splittable DoFn has a single output: the DirectRunner's streaming
-    SDF expansion loses the watermarks of a multi-output one.
+    The splittable DoFn keeps a single output, so its watermark estimate
+    describes one PCollection.
     """
 
     def process(self, element: tuple[str, Any]) -> Iterator[Any]:
@@ -475,7 +585,7 @@ class ReadEventStream(beam.PTransform):  # type: ignore[misc]
         self._topic = topic
         self._group_id = group_id
         self._from_committed = from_committed
-        self._reader = ReadPartitionFn(
+        self._reader = ReadTopicFn(
             settings,
             group_id,
             out_of_orderness_ms=out_of_orderness_ms,
@@ -485,14 +595,12 @@ class ReadEventStream(beam.PTransform):  # type: ignore[misc]
         )
 
     def expand(self, pbegin: beam.pvalue.PBegin) -> Any:
-        """Partitions, then the splittable read of each."""
+        """The topic's start offsets, then the splittable read."""
         return (
             pbegin
             | "Topic" >> beam.Create([self._topic])
-            | "Partitions"
-            >> beam.ParDo(
-                PartitionsOf(self._settings, self._group_id, self._from_committed)
-            )
+            | "Start"
+            >> beam.ParDo(StartOf(self._settings, self._group_id, self._from_committed))
             | "Read" >> beam.ParDo(self._reader)
             | "ByKind"
             >> beam.ParDo(_SplitByKind()).with_outputs(DEAD_LETTERS, MARKS, main=EVENTS)
