@@ -163,8 +163,6 @@ _ROWS = BagStateSpec("rows", BytesCoder())
 _ROWS_PARAM = beam.DoFn.StateParam(_ROWS)
 _ANSWERED = ReadModifyWriteStateSpec("answered_until", VarIntCoder())
 _ANSWERED_PARAM = beam.DoFn.StateParam(_ANSWERED)
-_DUE = ReadModifyWriteStateSpec("timer_at", VarIntCoder())
-_DUE_PARAM = beam.DoFn.StateParam(_DUE)
 _ANSWER = TimerSpec("answer", TimeDomain.WATERMARK)
 _ANSWER_PARAM = beam.DoFn.TimerParam(_ANSWER)
 
@@ -187,21 +185,22 @@ class EntityShardFn(beam.DoFn):  # type: ignore[misc]
         self,
         element: tuple[int, bytes],
         rows: Any = _ROWS_PARAM,
-        timer_at: Any = _DUE_PARAM,
         answer: Any = _ANSWER_PARAM,
     ) -> Iterator[Any]:
-        """Keep the rows; move the timer to the earliest due impression."""
+        """Keep the rows; a timer at each due time of the batch's impressions.
+
+        One timer per due time (a dynamic tag), all set here while the
+        element itself holds the watermark, rather than a chain of timers
+        each set by the one before: a chained timer is set in a timer
+        bundle, and Prism let the stages after this one run past it.
+        """
         key, data = element
         rows.add(data)
         batch = state_table(data)
         actions = to_int64(batch.column("action"))
         times = to_int64(batch.column("time_ms"))[actions == _IMPRESSION]
-        if times.size:
-            earliest = int(answer_due(times, self._config).min())
-            current = timer_at.read()
-            if current is None or earliest < current:
-                timer_at.write(earliest)
-                answer.set(Timestamp(micros=earliest * 1000))
+        for due in np.unique(answer_due(times, self._config)).tolist():
+            answer.set(Timestamp(micros=due * 1000), dynamic_timer_tag=str(due))
         if self._push and batch.num_rows:
             kind = self._kind(key)
             stored = tables_of(list(rows.read()), ENTITY_EVENT_SCHEMA)
@@ -222,17 +221,18 @@ class EntityShardFn(beam.DoFn):  # type: ignore[misc]
         fire_at: Any = beam.DoFn.TimestampParam,
         rows: Any = _ROWS_PARAM,
         answered: Any = _ANSWERED_PARAM,
-        timer_at: Any = _DUE_PARAM,
-        answer: Any = _ANSWER_PARAM,
     ) -> Iterator[tuple[int, tuple[str, bytes]]]:
-        """Answer every impression due by now; compact the state."""
+        """Answer every impression due by now not answered yet; compact the state."""
         kind = self._kind(int(key))
         fire = fire_at.micros // 1000
+        until = answered.read()
+        if until is not None and fire <= until:
+            return  # a later due time fired first and answered these
         stored = tables_of(list(rows.read()), ENTITY_EVENT_SCHEMA)
-        routed, kept, next_due = answer_entity_shard(
+        routed, kept, _ = answer_entity_shard(
             stored,
             kind,
-            answered_until=answered.read() or np.iinfo(np.int64).min,
+            answered_until=np.iinfo(np.int64).min if until is None else until,
             fire=fire,
             config=self._config,
             user_shards=self._config.shards,
@@ -240,10 +240,5 @@ class EntityShardFn(beam.DoFn):  # type: ignore[misc]
         answered.write(fire)
         rows.clear()
         rows.add(state_bytes(kept))
-        if next_due is None:
-            timer_at.clear()
-        else:
-            timer_at.write(next_due)
-            answer.set(Timestamp(micros=next_due * 1000))
         for user_shard, table in routed:
             yield user_shard, (kind, state_bytes(table))

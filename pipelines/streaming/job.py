@@ -101,10 +101,10 @@ class StreamingOptions(PipelineOptions):  # type: ignore[misc]
             dest="stream_start",
             choices=("earliest", "committed"),
             default="earliest",
-            help="earliest: replay the topic and rebuild the state (the "
-            "DirectRunner keeps none across restarts; the example-id ledger "
-            "drops what was already published); committed: resume at the "
-            "group's committed offsets (runners that restore checkpointed state)",
+            help="earliest: replay the topic and rebuild the state (Prism "
+            "keeps none across restarts; the example-id ledger drops what was "
+            "already published); committed: resume at the group's committed "
+            "offsets (runners that restore checkpointed state)",
         )
         parser.add_argument(
             "--dead-letter-topic",

@@ -13,7 +13,7 @@ events are final by ``T`` is then durable, and its offset is committed.
 A partition commits at most once per release step of event time. Offsets are
 the group's committed position: what a lag dashboard reads, and where a
 restart of a runner with checkpointed state (Flink, Dataflow) would resume;
-the DirectRunner keeps no state across a restart, so the streaming job
+Prism keeps no state across a restart, so the streaming job
 replays the topic from the beginning (``--stream-start earliest``) and relies
 on the example-id ledger (:mod:`.publish`) instead.
 """

@@ -11,8 +11,8 @@ Keyed by user shard. State (bags of Arrow IPC chunks, :mod:`.tables`):
 
 Release rule (event time): an impression at ``t`` is final when the label
 window and the allowed lateness have passed, ``due = ceil(t + window +
-lateness, granularity)``; one event-time timer per shard, at the earliest due
-time. When it fires, every impression due by then becomes a training example,
+lateness, granularity)``; one event-time timer per shard and due time. When
+it fires, every impression due by then becomes a training example,
 computed by the batch job's own functions over the shard's state (same
 features, same labels) and leaves as one message's worth of examples plus the
 timeline segments their windows need.
@@ -387,8 +387,6 @@ _CHUNKS = BagStateSpec("chunks", _CHUNK)
 _CHUNKS_PARAM = beam.DoFn.StateParam(_CHUNKS)
 _RELEASED = ReadModifyWriteStateSpec("released_until", VarIntCoder())
 _RELEASED_PARAM = beam.DoFn.StateParam(_RELEASED)
-_DUE = ReadModifyWriteStateSpec("timer_at", VarIntCoder())
-_DUE_PARAM = beam.DoFn.StateParam(_DUE)
 _RELEASE = TimerSpec("release", TimeDomain.WATERMARK)
 _RELEASE_PARAM = beam.DoFn.TimerParam(_RELEASE)
 
@@ -417,23 +415,18 @@ class UserShardFn(beam.DoFn):  # type: ignore[misc]
         self,
         element: tuple[int, tuple[str, bytes]],
         chunks: Any = _CHUNKS_PARAM,
-        timer_at: Any = _DUE_PARAM,
-        released: Any = _RELEASED_PARAM,
         release: Any = _RELEASE_PARAM,
     ) -> Iterator[Any]:
-        """Keep the chunk; move the timer to the earliest due impression."""
+        """Keep the chunk; a timer at each due time of the batch's impressions
+        (one per due time, set here: see ``EntityShardFn.process``)."""
         _, (kind, data) = element
         chunks.add((kind, data))
         if kind != "events":
             return
         batch = state_table(data)
         impressions = _impression_times(batch)
-        if impressions.size:
-            earliest = int(due_times(impressions, self._config).min())
-            current = timer_at.read()
-            if current is None or earliest < current:
-                timer_at.write(earliest)
-                release.set(Timestamp(micros=earliest * 1000))
+        for due in np.unique(due_times(impressions, self._config)).tolist():
+            release.set(Timestamp(micros=due * 1000), dynamic_timer_tag=str(due))
         if self._push and batch.num_rows:
             assert self._dims is not None
             events = tables_of(
@@ -452,13 +445,14 @@ class UserShardFn(beam.DoFn):  # type: ignore[misc]
         key: Any = beam.DoFn.KeyParam,
         fire_at: Any = beam.DoFn.TimestampParam,
         chunks: Any = _CHUNKS_PARAM,
-        timer_at: Any = _DUE_PARAM,
         released: Any = _RELEASED_PARAM,
-        release: Any = _RELEASE_PARAM,
     ) -> Iterator[ExampleMessage]:
-        """Release every impression due by now; compact the state."""
+        """Release every impression due by now not released yet; compact the state."""
         assert self._dims is not None
         fire = fire_at.micros // 1000
+        until = released.read()
+        if until is not None and fire <= until:
+            return  # a later due time fired first and released these
         stored = list(chunks.read())
         by_kind: dict[str, list[bytes]] = {}
         for kind, data in stored:
@@ -468,7 +462,7 @@ class UserShardFn(beam.DoFn):  # type: ignore[misc]
             events,
             tables_of(by_kind.get("dropped", []), DROPPED_SCHEMA),
             {k: tables_of(by_kind.get(k, []), answer_schema(k)) for k in ENTITY_KINDS},
-            released_until=released.read() or np.iinfo(np.int64).min,
+            released_until=np.iinfo(np.int64).min if until is None else until,
             fire=fire,
             dims=self._dims,
             config=self._config,
@@ -481,11 +475,6 @@ class UserShardFn(beam.DoFn):  # type: ignore[misc]
         for kind, table in result.answers.items():
             if table.num_rows:
                 chunks.add((kind, state_bytes(table)))
-        if result.next_due is None:
-            timer_at.clear()
-        else:
-            timer_at.write(result.next_due)
-            release.set(Timestamp(micros=result.next_due * 1000))
         self.releases.inc()
         if result.examples.num_rows:
             self.examples.inc(result.examples.num_rows)
