@@ -2,17 +2,20 @@
 or a soak: memory over a long live stream.
 
     python -m benchmarks.bench_streaming [--users 300 --days 3 --rate 2000]
+        [--broker-down-seconds 3]
     python -m benchmarks.bench_streaming --soak-seconds 600 --rate 300
 
 One run of :func:`pipelines.demo_stream.run_stream_demo` (generator at a
-steady rate -> streaming job with Feast pushes -> trainer daemon, all on the
-embedded broker), and its peer in the same run: the batch feature job
-(``pipelines.build --runner=FnApiRunner``) on the same events from files.
-Printed as one JSON object (and the table row of ``benchmarks/README.md``):
-events/s of both and their ratio, and freshness p50 / p99 (event -> example
-on Kafka beyond the label window, event -> Feast online value, example ->
-first training step), with the hardware and the load average (the machine is
-shared).
+steady rate -> streaming job on Prism with Feast pushes -> trainer daemon,
+all on the embedded broker, which ``--broker-down-seconds`` kills half-way
+through the publishing and restarts that long after), and its peer in the
+same run: the batch feature job (``pipelines.build --runner=FnApiRunner``) on
+the same events from files. Printed as one JSON object (and the table row of
+``benchmarks/README.md``): the runner of each, events/s of both and their
+ratio, and freshness p50 / p99 (event -> example on Kafka beyond the label
+window, event -> Feast online value, example -> first training step), the
+counts and whether they add up, the outage, with the hardware and the load
+average (the machine is shared).
 
 The soak (``--soak-seconds``) publishes a generated stream at ``--rate`` for
 that long to the embedded broker while the streaming job reads it (a bounded
@@ -26,16 +29,17 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import time
 from pathlib import Path
 from typing import Any
 
 from benchmarks.machine import cpu_model
-from pipelines.demo_stream import StreamDemoConfig, run_stream_demo
+from pipelines.demo_stream import StreamDemoConfig, job_runner, run_stream_demo
 
 
 def batch_peer(data: Path, out: Path) -> dict[str, Any]:
-    """The batch job on the same events: events/s."""
+    """The batch job on the same events: events/s, and the runner that ran it."""
     from pipelines import build
 
     started = time.monotonic()
@@ -45,6 +49,7 @@ def batch_peer(data: Path, out: Path) -> dict[str, Any]:
     seconds = time.monotonic() - started
     events = summary["counts"]["events_read"]
     return {
+        "runner": summary.get("runner"),
         "events": events,
         "seconds": round(seconds, 2),
         "events_per_second": round(events / seconds, 1),
@@ -110,6 +115,7 @@ def soak(seconds: float, rate: float, output: Path) -> dict[str, Any]:
                 ],
                 stdout=subprocess.DEVNULL,
                 stderr=job_log,
+                start_new_session=True,  # its Prism goes with it on a kill
             )
         publisher = threading.Thread(
             target=publish_events,
@@ -131,7 +137,8 @@ def soak(seconds: float, rate: float, output: Path) -> dict[str, Any]:
                 time.sleep(10)
         finally:
             if job.poll() is None:
-                job.kill()
+                os.killpg(job.pid, signal.SIGKILL)
+                job.wait()
             publisher.join()
     summary_path = output / "job" / "stream_summary.json"
     if job.returncode != 0 or not summary_path.exists():
@@ -152,11 +159,43 @@ def soak(seconds: float, rate: float, output: Path) -> dict[str, Any]:
         "publish_seconds": round(events.num_rows / rate, 1),
         "job_seconds": round(time.monotonic() - started, 1),
         "job_exit": job.returncode,
+        "runner": job_runner(summary, output / "job.log"),
         "peak_job_rss_mb": max(s["job_rss_mb"] for s in samples),
         "counts": summary["counts"],
         "error": summary.get("error"),
         "samples": samples,
     }
+
+
+def plot_soak(result: dict[str, Any], path: Path) -> Path:
+    """Resident memory of the job and the broker over the soak, as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    samples = result["samples"]
+    times = [s["t_s"] for s in samples]
+    figure, axis = plt.subplots(figsize=(8, 4))
+    axis.plot(
+        times, [s["job_rss_mb"] for s in samples], label="streaming job (+ Prism)"
+    )
+    axis.plot(times, [s["broker_rss_mb"] for s in samples], label="broker")
+    publishing = [s["t_s"] for s in samples if s["publishing"]]
+    if publishing:
+        axis.axvspan(0, max(publishing), color="0.9", label="publishing")
+    axis.set_xlabel("seconds since the stream started")
+    axis.set_ylabel("resident memory (MB)")
+    axis.set_title(
+        f"soak: {result['events']:,} events at {result['rate']:,.0f}/s "
+        f"on {result.get('runner') or '?'}"
+    )
+    axis.legend(loc="upper left")
+    axis.set_ylim(bottom=0)
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+    return path
 
 
 def main() -> int:
@@ -165,7 +204,13 @@ def main() -> int:
     parser.add_argument("--users", type=int, default=300)
     parser.add_argument("--days", type=int, default=3)
     parser.add_argument("--rate", type=float, default=2000.0)
-    parser.add_argument("--pause-broker-seconds", type=float, default=0.0)
+    parser.add_argument(
+        "--broker-down-seconds",
+        type=float,
+        default=0.0,
+        help="SIGKILL the broker half-way through the publishing and start it "
+        "again this long after (0: no outage)",
+    )
     parser.add_argument("--output", type=Path, default=Path("demo-output/bench-stream"))
     parser.add_argument(
         "--soak-seconds",
@@ -176,13 +221,15 @@ def main() -> int:
     shutil.rmtree(args.output, ignore_errors=True)
     if args.soak_seconds:
         args.output.mkdir(parents=True)
-        print(json.dumps(soak(args.soak_seconds, args.rate, args.output), indent=2))
+        result = soak(args.soak_seconds, args.rate, args.output)
+        result["plot"] = str(plot_soak(result, args.output / "soak_rss.png"))
+        print(json.dumps(result, indent=2))
         return 0
     config = StreamDemoConfig(
         users=args.users,
         days=args.days,
         rate=args.rate,
-        pause_broker_seconds=args.pause_broker_seconds,
+        broker_down_seconds=args.broker_down_seconds,
         output=args.output,
     )
     stream = run_stream_demo(config)
@@ -191,6 +238,8 @@ def main() -> int:
         "cpu": cpu_model(),
         "cores": os.cpu_count(),
         "load_average_1m": round(os.getloadavg()[0], 1),
+        "streaming_runner": stream["runner"],
+        "batch_runner": peer["runner"],
         "events": stream["events"],
         "rate_asked": args.rate,
         "streaming_events_per_second": stream["events_per_second"],
@@ -200,6 +249,8 @@ def main() -> int:
         ),
         "freshness_s": stream["freshness_s"],
         "counts": stream["counts"],
+        "checks": stream["checks"],
+        "broker_outage": stream.get("broker_outage"),
         "trainer": stream.get("trainer"),
     }
     print(json.dumps(result, indent=2))

@@ -258,7 +258,12 @@ def test_runners_that_cannot_stream_are_refused(tmp_path: Path) -> None:
 
 
 def test_a_directrunner_stream_runs_on_the_local_prism() -> None:
-    from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+    from apache_beam.options.pipeline_options import (
+        DebugOptions,
+        PipelineOptions,
+        PortableOptions,
+        StandardOptions,
+    )
 
     from pipelines.beam.runner import prism_binary, prism_location
     from pipelines.streaming.job import choose_streaming_runner
@@ -267,3 +272,6 @@ def test_a_directrunner_stream_runs_on_the_local_prism() -> None:
     choose_streaming_runner(options)
     assert options.view_as(StandardOptions).runner == "PrismRunner"
     assert prism_location(options) == str(prism_binary())
+    # No runner-initiated splits; the job outlives the job server's timeout.
+    assert "prism_disable_sdf_split" in options.view_as(DebugOptions).experiments
+    assert options.view_as(PortableOptions).job_server_timeout > 86_400

@@ -12,6 +12,8 @@ holds every example of the batch reference exactly once.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -97,7 +99,9 @@ def test_the_first_burst_is_released_before_the_last_is_published(
         f"--now-ms={NOW}",
     ]
     with open(tmp_path / "job.log", "wb") as log:
-        job = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=log)
+        job = subprocess.Popen(
+            command, cwd=ROOT, stdout=log, stderr=log, start_new_session=True
+        )
     try:
         publish_events(bursts[0], kafka_settings, topics[0])
         publish_raw([GARBAGE], kafka_settings, topics[0], key=b"0")
@@ -109,7 +113,7 @@ def test_the_first_burst_is_released_before_the_last_is_published(
         returncode = job.wait(timeout=240)
     finally:
         if job.poll() is None:
-            job.kill()
+            os.killpg(job.pid, signal.SIGKILL)  # with its Prism
             job.wait()
     assert returncode == 0, (tmp_path / "job.log").read_text(errors="replace")[-3000:]
 

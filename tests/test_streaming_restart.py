@@ -135,11 +135,12 @@ def test_sigkill_mid_publish_and_restart_lose_nothing_and_duplicate_nothing(
         cwd=ROOT,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        start_new_session=True,  # the job and its Prism die together
     )
     try:
         _freeze_at_first_example(first, kafka_settings, topics[1])
     finally:
-        first.send_signal(signal.SIGKILL)
+        os.killpg(first.pid, signal.SIGKILL)
         first.wait()
     before = _example_ids(kafka_settings, topics[1])
     assert len(before) == len(set(before))
@@ -203,6 +204,7 @@ def test_broker_crash_is_waited_out_and_nothing_is_lost(tmp_path: Path) -> None:
                 cwd=ROOT,
                 stdout=subprocess.DEVNULL,
                 stderr=job_log,
+                start_new_session=True,
             )
         try:
             publisher.start()
@@ -214,7 +216,7 @@ def test_broker_crash_is_waited_out_and_nothing_is_lost(tmp_path: Path) -> None:
             returncode = job.wait(timeout=180)
         finally:
             if job.poll() is None:
-                job.kill()
+                os.killpg(job.pid, signal.SIGKILL)  # with its Prism
                 job.wait()
         log = (tmp_path / "job.log").read_text(errors="replace")
         assert returncode == 0, log[-3000:]

@@ -190,9 +190,8 @@ class EntityShardFn(beam.DoFn):  # type: ignore[misc]
         """Keep the rows; a timer at each due time of the batch's impressions.
 
         One timer per due time (a dynamic tag), all set here while the
-        element itself holds the watermark, rather than a chain of timers
-        each set by the one before: a chained timer is set in a timer
-        bundle, and Prism let the stages after this one run past it.
+        element itself holds the watermark: no timer is set by another
+        timer, and a timer that fires after a later one finds nothing left.
         """
         key, data = element
         rows.add(data)

@@ -31,7 +31,12 @@ from typing import Any, Final
 
 import apache_beam as beam
 from apache_beam.metrics.metric import MetricsFilter
-from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+from apache_beam.options.pipeline_options import (
+    DebugOptions,
+    PipelineOptions,
+    PortableOptions,
+    StandardOptions,
+)
 
 from features.kafka import ensure_topics
 from pipelines.beam.options import GemBuildOptions, kafka_settings
@@ -258,6 +263,11 @@ BATCH_ONLY_RUNNERS: Final = frozenset({"FnApiRunner", "BundleBasedDirectRunner"}
 the stages after it, so nothing would come out while the stream is live."""
 
 
+PRISM_NO_SPLITS: Final = "prism_disable_sdf_split"
+DEFAULT_JOB_SERVER_TIMEOUT_S: Final = 300
+STREAM_JOB_SERVER_TIMEOUT_S: Final = 365 * 86_400
+
+
 def choose_streaming_runner(options: PipelineOptions) -> None:
     """Run a DirectRunner job on Prism, and refuse runners that cannot stream.
 
@@ -275,6 +285,18 @@ def choose_streaming_runner(options: PipelineOptions) -> None:
     if name not in ("DirectRunner", "SwitchingDirectRunner", "PrismRunner"):
         return
     options.view_as(StandardOptions).runner = "PrismRunner"
+    # Prism splits a slow bundle of a stateful stage, and a split bundle with
+    # timers can fire them twice or out of order (apache/beam#35771). The
+    # reader checkpoints itself, so the job needs no split at all.
+    debug = options.view_as(DebugOptions)
+    if PRISM_NO_SPLITS not in (debug.experiments or []):
+        debug.add_experiment(PRISM_NO_SPLITS)
+    # The SDK waits on the job's state and message streams with the job
+    # server's timeout as their deadline, and ends the job when it passes
+    # (300 s by default): a stream runs until it is cancelled.
+    portable = options.view_as(PortableOptions)
+    if portable.job_server_timeout == DEFAULT_JOB_SERVER_TIMEOUT_S:
+        portable.job_server_timeout = STREAM_JOB_SERVER_TIMEOUT_S
     use_local_prism(options)
     if not prism_location(options):
         raise SystemExit("the streaming job runs on Prism: run `make prism` first")
