@@ -63,7 +63,8 @@ demo: install
 	$(PY) -m pipelines.demo $(DEMO_ARGS)
 
 # Streaming: generator at a steady rate -> streaming job (+ Feast pushes) ->
-# trainer daemon, with a broker pause; reports throughput and freshness.
+# trainer daemon on Prism, with a broker kill and restart; one screen of
+# throughput, freshness, NE and counts, and a PNG of freshness and NE.
 demo-stream: install
 	$(PY) -m pipelines.demo_stream $(DEMO_ARGS)
 

@@ -73,7 +73,7 @@ def _rss_mb(pid: int) -> float:
     return total / 2**20
 
 
-def soak(seconds: float, rate: float, output: Path) -> dict[str, Any]:
+def soak(seconds: float, rate: float, output: Path, days: int) -> dict[str, Any]:
     """Publish for ``seconds`` at ``rate`` while the job runs; RSS every 10 s."""
     import subprocess
     import sys
@@ -86,7 +86,10 @@ def soak(seconds: float, rate: float, output: Path) -> dict[str, Any]:
 
     wanted = int(seconds * rate)
     # About 12 events per user and day in the generated world; 20 % spare.
-    world = GeneratorConfig(users=max(100, int(wanted / 36 * 1.2)), ads=200, days=3)
+    # The state a stream needs is bounded once its users outgrow the kept
+    # tail and its event time the counter horizon: more days, fewer users.
+    users = max(100, int(wanted / (12 * days) * 1.2))
+    world = GeneratorConfig(users=users, ads=200, days=days)
     generate_dataset(world, output / "gen")
     events = read_input(output / "gen")[0].sort_by([("event_time", "ascending")])
     events = events.slice(0, min(wanted, events.num_rows))
@@ -156,6 +159,8 @@ def soak(seconds: float, rate: float, output: Path) -> dict[str, Any]:
         "load_average_1m": round(os.getloadavg()[0], 1),
         "events": events.num_rows,
         "rate": rate,
+        "days": days,
+        "users": users,
         "publish_seconds": round(events.num_rows / rate, 1),
         "job_seconds": round(time.monotonic() - started, 1),
         "job_exit": job.returncode,
@@ -188,7 +193,8 @@ def plot_soak(result: dict[str, Any], path: Path) -> Path:
     axis.set_ylabel("resident memory (MB)")
     axis.set_title(
         f"soak: {result['events']:,} events at {result['rate']:,.0f}/s "
-        f"on {result.get('runner') or '?'}"
+        f"({result['days']} days of event time) on "
+        f"{(result.get('runner') or {}).get('name', '?')}"
     )
     axis.legend(loc="upper left")
     axis.set_ylim(bottom=0)
@@ -221,7 +227,7 @@ def main() -> int:
     shutil.rmtree(args.output, ignore_errors=True)
     if args.soak_seconds:
         args.output.mkdir(parents=True)
-        result = soak(args.soak_seconds, args.rate, args.output)
+        result = soak(args.soak_seconds, args.rate, args.output, args.days)
         result["plot"] = str(plot_soak(result, args.output / "soak_rss.png"))
         print(json.dumps(result, indent=2))
         return 0

@@ -246,6 +246,7 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
     result.wait_until_finish()
     counts = _counters(result)
     summary = {
+        "runner": runner_name(options),
         "counts": counts,
         "seconds": round(time.monotonic() - started, 3),
         "examples_topic": build.examples_topic,
