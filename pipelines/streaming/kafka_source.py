@@ -13,8 +13,8 @@ minimum over the partitions of ``max event time seen - out_of_orderness``
 (:class:`PartitionWatermarks`), and that minimum can only be taken where all
 partitions are read. With one restriction per partition the runner would
 have to combine their estimates; Prism keeps the estimate of the bundle it
-finished last, so one partition running ahead moved every timer downstream
-past events another partition had not delivered yet.
+finished last, which lets one partition running ahead move every timer
+downstream past events another partition has not delivered yet.
 
 Each poll is decoded and validated (:func:`features.events.decode_event`)
 right here, because the watermark is event time. An event is
