@@ -164,7 +164,7 @@ def soak(seconds: float, rate: float, output: Path, days: int) -> dict[str, Any]
         "publish_seconds": round(events.num_rows / rate, 1),
         "job_seconds": round(time.monotonic() - started, 1),
         "job_exit": job.returncode,
-        "runner": job_runner(summary, output / "job.log"),
+        "runner": job_runner(summary),
         "peak_job_rss_mb": max(s["job_rss_mb"] for s in samples),
         "counts": summary["counts"],
         "error": summary.get("error"),

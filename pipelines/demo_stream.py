@@ -123,8 +123,22 @@ def _event_record(record: Any) -> dict[str, Any] | None:
     return None
 
 
+ExampleRecord = tuple[Any, pa.Table]
+"""A message of the examples topic and its decoded examples."""
+
+
+def _decoded_examples(records: list[Any]) -> list[ExampleRecord]:
+    """The examples topic's messages with their examples, in offset order."""
+    decoded = []
+    for record in sorted(records, key=lambda r: r.offset):
+        message = decode_example_message(record.value)
+        if message.examples is not None:
+            decoded.append((record, message.examples))
+    return decoded
+
+
 def _example_freshness(
-    event_records: list[Any], example_records: list[Any]
+    event_records: list[Any], example_records: list[ExampleRecord]
 ) -> tuple[list[tuple[float, float]], int]:
     """Per example, ``(wall time ms, age ms)``: when it reached Kafka, minus
     when its label window closed in the stream (the publish time of the first
@@ -142,11 +156,8 @@ def _example_freshness(
     first_after = np.minimum.accumulate(published[::-1])[::-1]
     samples: list[tuple[float, float]] = []
     drained = 0
-    for record in example_records:
-        decoded = decode_example_message(record.value)
-        if decoded.examples is None:
-            continue
-        times = decoded.examples.column("event_time").cast(pa.int64()).to_numpy()
+    for record, examples in example_records:
+        times = examples.column("event_time").cast(pa.int64()).to_numpy()
         at = np.searchsorted(event_times, times + LABEL_WINDOW_MS, side="left")
         inside = at < event_times.size
         drained += int((~inside).sum())
@@ -156,7 +167,7 @@ def _example_freshness(
 
 
 def _trainer_freshness(
-    example_records: list[Any], steps: list[dict[str, Any]]
+    example_records: list[ExampleRecord], steps: list[dict[str, Any]]
 ) -> list[tuple[float, float]]:
     """Per example message: ``(wall time ms, age ms)`` of the first logged
     training step whose cumulative examples reach it (one partition, so the
@@ -167,11 +178,8 @@ def _trainer_freshness(
     step_examples = np.asarray([s["examples"] for s in steps], dtype=np.int64)
     step_times = np.asarray([s["time"] * 1000 for s in steps], dtype=np.float64)
     samples, total = [], 0
-    for record in sorted(example_records, key=lambda r: r.offset):
-        decoded = decode_example_message(record.value)
-        if decoded.examples is None:
-            continue
-        total += decoded.examples.num_rows
+    for record, examples in example_records:
+        total += examples.num_rows
         at = int(np.searchsorted(step_examples, total, side="left"))
         if at < step_examples.size:
             samples.append((step_times[at], step_times[at] - record.timestamp))
@@ -195,27 +203,9 @@ def _jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line]
 
 
-def _example_ids(records: list[Any]) -> list[str]:
-    ids: list[str] = []
-    for record in records:
-        decoded = decode_example_message(record.value)
-        if decoded.examples is not None:
-            ids += decoded.examples.column("example_id").to_pylist()
-    return ids
-
-
-def job_runner(summary: dict[str, Any], job_log: Path) -> dict[str, str | None]:
-    """Which runner ran the job: the summary's word where it gives one, else
-    Prism's own log relayed by Beam into the job's log (the DirectRunner
-    would fall back to the FnApiRunner without one)."""
-    from pipelines.beam.runner import prism_binary
-
-    text = job_log.read_text(errors="replace") if job_log.exists() else ""
-    prism = str(prism_binary()) if str(prism_binary()) in text else None
-    if summary.get("runner"):
-        return {"name": str(summary["runner"]), "prism": prism}
-    ran_on_prism = "INFO:PrismRunner:pipeline done" in text
-    return {"name": "PrismRunner" if ran_on_prism else "unknown", "prism": prism}
+def job_runner(summary: dict[str, Any]) -> dict[str, str | None]:
+    """Which runner ran the job, and its Prism binary, from its summary."""
+    return {"name": summary.get("runner", "unknown"), "prism": summary.get("prism")}
 
 
 def run_stream_demo(config: StreamDemoConfig) -> dict[str, Any]:
@@ -310,11 +300,13 @@ def run_stream_demo(config: StreamDemoConfig) -> dict[str, Any]:
                 summary["counts"].get("examples_published", 0),
             )
         event_records = list(topic_records(settings, EVENTS_TOPIC))
-        example_records = list(topic_records(settings, EXAMPLES_TOPIC))
+        example_records = _decoded_examples(
+            list(topic_records(settings, EXAMPLES_TOPIC))
+        )
         dead = list(topic_records(settings, DEAD_LETTER_TOPIC))
     counts = summary["counts"]
     steps = _jsonl(out / "trainer.jsonl")
-    report["runner"] = job_runner(summary, out / "job.log")
+    report["runner"] = job_runner(summary)
     report["counts"] = counts
     report["dead_letters"] = len(dead)
     report["events_on_topic"] = len(event_records)
@@ -322,7 +314,7 @@ def run_stream_demo(config: StreamDemoConfig) -> dict[str, Any]:
     # each of them on the topic exactly once.
     reference = build_reference(events, users, ads, contents, now_ms=now)
     expected = set(reference.examples.column("example_id").to_pylist())
-    ids = _example_ids(example_records)
+    ids = [i for _, ex in example_records for i in ex.column("example_id").to_pylist()]
     report["examples_on_topic"] = len(ids)
     report["examples_distinct"] = len(set(ids))
     report["examples_reference"] = len(expected)

@@ -15,7 +15,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -29,6 +28,7 @@ from features.kafka import KafkaSettings, ensure_topics, topic_records
 from pipelines.event_stream import publish_events, publish_raw
 from pipelines.reference import build_reference, read_input
 from pipelines.synthetic import GeneratorConfig, generate_dataset, validation_now_ms
+from tests.test_streaming_restart import _job
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -81,23 +81,14 @@ def test_the_first_burst_is_released_before_the_last_is_published(
     suffix = uuid.uuid4().hex[:8]
     topics = (f"ev-{suffix}", f"ex-{suffix}")
     ensure_topics(kafka_settings, {topics[0]: 2, topics[1]: 4})
-    command = [
-        sys.executable,
-        "-m",
-        "pipelines.build",
-        "--streaming",
-        "--runner=DirectRunner",
-        f"--input={data}",
-        f"--output={tmp_path / 'out'}",
-        f"--kafka-bootstrap={kafka_settings.bootstrap}",
-        f"--events-topic={topics[0]}",
-        f"--examples-topic={topics[1]}",
-        "--shards=4",
-        "--entity-shards=2",
-        "--release-granularity-ms=3600000",
-        f"--stream-idle-seconds={IDLE_SECONDS}",
-        f"--now-ms={NOW}",
-    ]
+    command = _job(
+        kafka_settings,
+        data,
+        tmp_path / "out",
+        topics,
+        idle_seconds=IDLE_SECONDS,
+        now_ms=NOW,
+    )
     with open(tmp_path / "job.log", "wb") as log:
         job = subprocess.Popen(
             command, cwd=ROOT, stdout=log, stderr=log, start_new_session=True

@@ -52,6 +52,7 @@ def _job(
     *,
     idle_seconds: float = 0.5,
     granularity_ms: int = 3_600_000,
+    now_ms: int = NOW,
 ) -> list[str]:
     return [
         sys.executable,
@@ -68,7 +69,7 @@ def _job(
         "--entity-shards=2",
         f"--release-granularity-ms={granularity_ms}",
         f"--stream-idle-seconds={idle_seconds}",
-        f"--now-ms={NOW}",
+        f"--now-ms={now_ms}",
     ]
 
 

@@ -247,6 +247,7 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
     counts = _counters(result)
     summary = {
         "runner": runner_name(options),
+        "prism": prism_location(options),
         "counts": counts,
         "seconds": round(time.monotonic() - started, 3),
         "examples_topic": build.examples_topic,
