@@ -2,17 +2,38 @@
 
 Nothing is dropped silently anywhere in the system: a record that fails
 decoding or validation becomes a :class:`DeadLetter` carrying where it came
-from (topic, partition, offset, or a file and line), why, and its original
-bytes, so it can be inspected and replayed. Counts always balance:
+from (topic, partition and offset, or a file and line), why, when, and its
+original bytes, so it can be inspected and replayed. Counts always balance:
 records in = records out + dead letters.
+
+The JSON form (:meth:`DeadLetter.to_json`) is one line of valid JSON whatever
+the payload held::
+
+    {"source": "events/day-1.jsonl", "partition": null, "offset": 17,
+     "reason": "not JSON: ...", "set_aside_ms": 1764633600000,
+     "payload_length": 12, "payload_sha256": "...",
+     "payload": "<the bytes as text, when they are UTF-8>"}
+
+``payload_base64`` replaces ``payload`` when the bytes are not UTF-8. A letter
+too large for where it is written keeps the first bytes of its payload
+(:meth:`DeadLetter.truncated`): ``truncated`` is then true, and
+``payload_length`` and ``payload_sha256`` still describe the whole original.
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
-from dataclasses import dataclass
-from typing import Any
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any, Final
+
+HEADER_PREFIX: Final = "dead-letter-"
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -22,9 +43,15 @@ class DeadLetter:
     Args:
         source: topic or file the record came from.
         partition: Kafka partition (None for files).
-        offset: Kafka offset, or the line number in a file.
+        offset: Kafka offset, or the 1-based line number in a file (the row
+            number in a Parquet file).
         reason: why it was set aside (from validation or decoding).
-        payload: the record's original bytes.
+        payload: the record's original bytes (the first of them when
+            ``truncated``).
+        set_aside_ms: when it was set aside, epoch milliseconds.
+        payload_length: length of the original payload.
+        payload_sha256: hex SHA-256 of the original payload.
+        truncated: whether ``payload`` holds only the start of the original.
     """
 
     source: str
@@ -32,17 +59,52 @@ class DeadLetter:
     offset: int
     reason: str
     payload: bytes
+    set_aside_ms: int = field(default_factory=_now_ms)
+    payload_length: int = -1
+    payload_sha256: str = ""
+    truncated: bool = False
 
-    def to_json(self) -> str:
-        """One JSON line; the payload base64-encoded (it may not be UTF-8)."""
+    def __post_init__(self) -> None:
+        # Length and hash describe the original, so they are taken before
+        # any truncation and carried through it.
+        if self.payload_length < 0:
+            object.__setattr__(self, "payload_length", len(self.payload))
+        if not self.payload_sha256:
+            digest = hashlib.sha256(self.payload).hexdigest()
+            object.__setattr__(self, "payload_sha256", digest)
+
+    def truncated_to(self, max_payload_bytes: int) -> DeadLetter:
+        """This letter with at most ``max_payload_bytes`` of its payload.
+
+        Length and hash still describe the whole original payload.
+        """
+        if len(self.payload) <= max_payload_bytes:
+            return self
+        return replace(
+            self, payload=self.payload[: max(0, max_payload_bytes)], truncated=True
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object of :meth:`to_json`."""
         record: dict[str, Any] = {
             "source": self.source,
             "partition": self.partition,
             "offset": self.offset,
             "reason": self.reason,
-            "payload_base64": base64.b64encode(self.payload).decode("ascii"),
+            "set_aside_ms": self.set_aside_ms,
+            "payload_length": self.payload_length,
+            "payload_sha256": self.payload_sha256,
+            "truncated": self.truncated,
         }
-        return json.dumps(record, separators=(",", ":"))
+        try:
+            record["payload"] = self.payload.decode("utf-8")
+        except UnicodeDecodeError:
+            record["payload_base64"] = base64.b64encode(self.payload).decode("ascii")
+        return record
+
+    def to_json(self) -> str:
+        """One line of valid JSON (ASCII only, so any sink can hold it)."""
+        return json.dumps(self.to_dict(), separators=(",", ":"), allow_nan=False)
 
     @classmethod
     def from_json(cls, line: str) -> DeadLetter:
@@ -55,19 +117,36 @@ class DeadLetter:
             True
         """
         record = json.loads(line)
+        if "payload_base64" in record:
+            payload = base64.b64decode(record["payload_base64"])
+        else:
+            payload = record["payload"].encode("utf-8")
         return cls(
             source=record["source"],
             partition=record["partition"],
             offset=record["offset"],
             reason=record["reason"],
-            payload=base64.b64decode(record["payload_base64"]),
+            payload=payload,
+            set_aside_ms=record["set_aside_ms"],
+            payload_length=record["payload_length"],
+            payload_sha256=record["payload_sha256"],
+            truncated=record["truncated"],
         )
 
     def kafka_headers(self) -> list[tuple[str, bytes]]:
-        """Headers for the copy sent to a dead-letter topic."""
+        """Headers for the copy sent to a dead-letter topic, whose value is
+        :attr:`payload` (the original bytes, or their start when truncated)."""
+        fields = {
+            "source": self.source,
+            "partition": str(self.partition),
+            "offset": str(self.offset),
+            "reason": self.reason,
+            "set-aside-ms": str(self.set_aside_ms),
+            "payload-length": str(self.payload_length),
+            "payload-sha256": self.payload_sha256,
+            "truncated": "true" if self.truncated else "false",
+        }
         return [
-            ("dead-letter-source", self.source.encode()),
-            ("dead-letter-partition", str(self.partition).encode()),
-            ("dead-letter-offset", str(self.offset).encode()),
-            ("dead-letter-reason", self.reason.encode()),
+            (HEADER_PREFIX + name, value.encode("utf-8", "backslashreplace"))
+            for name, value in fields.items()
         ]
