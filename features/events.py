@@ -20,6 +20,34 @@ whole Arrow tables, by :func:`validate_event_table`):
   (``impression_id``); impressions and organic events do not;
 - the event time is not before :data:`MIN_EVENT_TIME_MS` nor more than
   :data:`MAX_CLOCK_SKEW_MS` ahead of the validator's clock.
+
+Limits on what a reader accepts from outside (:func:`decode_event` checks
+them before anything is built from the bytes, so no input costs more than
+they allow, and none makes a reader raise):
+
+- a message is at most :data:`MAX_EVENT_BYTES` bytes (64 KiB; an event is a
+  few hundred);
+- JSON nests at most :data:`MAX_NESTING_DEPTH` levels (an event is one flat
+  object), checked by a scan of the brackets before the parser recurses;
+- a JSON integer has at most :data:`MAX_NUMBER_DIGITS` digits (int64 needs
+  19); ``NaN`` and ``Infinity`` are not JSON and are refused; a float such
+  as ``1e400`` parses (to infinity) and then fails its field's type;
+- integers fit their column (ids: 0 .. 2**63-1, the int64 maximum);
+- strings are valid UTF-8 text (no lone surrogates, whether sent as raw
+  CESU-8 bytes, which are not UTF-8, or as a ``\\ud800`` escape) of at most
+  :data:`~features.fields.MAX_STRING_CHARS` (256) characters.
+
+:func:`validate_event` (a mapping) and :func:`validate_event_table` (an Arrow
+table, where a Parquet file's strings may hold invalid UTF-8 and integers are
+in range by type) apply the same rules with the same reasons.
+
+Duplicates: ``event_id`` is the idempotency key. Valid records that share one
+are copies of one event, whatever user, time, file or partition they came
+under; every job keeps exactly one of them, the winning copy (the first in
+``(event_time, user_id, digest)`` order), and counts the others in
+``duplicates_removed``, differing copies included (they are valid records, so
+they are not dead-lettered). :mod:`features.duplicates` defines the order and
+the horizon within which the streaming job recognizes copies.
 """
 
 from __future__ import annotations
@@ -38,10 +66,12 @@ import pyarrow.compute as pc
 
 from features import vocab
 from features.fields import (
+    MAX_STRING_CHARS,
     FieldSpec,
     arrow_schema,
     check_fields,
     int_field,
+    length_reason,
     small_int_field,
     string_field,
     time_field,
@@ -56,6 +86,15 @@ MIN_EVENT_TIME_MS: Final = 788_918_400_000  # 1995-01-01T00:00:00Z
 
 MAX_CLOCK_SKEW_MS: Final = 3_600_000
 """How far ahead of the validator's clock an event time may be (1 hour)."""
+
+MAX_EVENT_BYTES: Final = 65_536
+"""The largest wire message :func:`decode_event` parses."""
+
+MAX_NESTING_DEPTH: Final = 16
+"""How deep JSON arrays and objects may nest in a message."""
+
+MAX_NUMBER_DIGITS: Final = 20
+"""The most digits a JSON integer may have (int64 values have at most 19)."""
 
 # Attribution windows: a click counts for an impression if it happens within
 # CLICK_WINDOW after it; a conversion if within CONVERSION_WINDOW after the
@@ -193,24 +232,96 @@ class DecodedEvent:
     reason: str | None
 
 
+class _LimitError(ValueError):
+    """A limit of the module docstring, hit while parsing; carries the reason."""
+
+
+def _bounded_int(digits: str) -> int:
+    """``parse_int`` for json.loads: refuse integers beyond the digit limit
+    before Python's conversion (quadratic in the digits) runs."""
+    count = len(digits) - digits.startswith("-")
+    if count > MAX_NUMBER_DIGITS:
+        raise _LimitError(
+            f"integer of {count} digits, more than the {MAX_NUMBER_DIGITS} allowed"
+        )
+    return int(digits)
+
+
+def _no_constant(name: str) -> float:
+    """``parse_constant`` for json.loads: NaN and Infinity are not JSON."""
+    raise _LimitError(f"not JSON: {name} is not a JSON number")
+
+
+def _nesting_depth(text: str) -> int:
+    """The deepest nesting of arrays and objects in ``text``, strings ignored.
+
+    One pass, whatever the text holds (it may not be JSON at all).
+    """
+    depth = deepest = 0
+    in_string = escaped = False
+    for char in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "]}":
+            depth -= 1
+    return deepest
+
+
 def decode_event(payload: bytes, *, now: int | None = None) -> DecodedEvent:
     """Decode and validate one wire message (UTF-8 JSON).
 
-    Never raises on bad input: undecodable bytes, bad JSON and invalid events
-    all come back with ``event=None`` and a reason for the dead-letter record.
+    Never raises: oversized, undecodable or too deeply nested bytes, bad JSON
+    and invalid events all come back with ``event=None`` and a reason for the
+    dead-letter record (limits: the module docstring).
 
     Example:
         >>> decode_event(b"\\xff").reason
         'not UTF-8: invalid start byte at byte 0'
     """
     try:
+        return _decode_event(payload, now)
+    except Exception as error:  # the contract: a reason, never an exception
+        return DecodedEvent(None, f"undecodable event ({type(error).__name__})")
+
+
+def _decode_event(payload: bytes, now: int | None) -> DecodedEvent:
+    if len(payload) > MAX_EVENT_BYTES:
+        return DecodedEvent(
+            None,
+            f"message of {len(payload)} bytes, more than the {MAX_EVENT_BYTES} allowed",
+        )
+    try:
         text = payload.decode("utf-8")
     except UnicodeDecodeError as error:
         return DecodedEvent(None, f"not UTF-8: {error.reason} at byte {error.start}")
+    # Counting brackets is cheap; only a message with many is scanned, so
+    # that the parser never recurses deeper than the limit.
+    if text.count("[") + text.count("{") > MAX_NESTING_DEPTH:
+        depth = _nesting_depth(text)
+        if depth > MAX_NESTING_DEPTH:
+            return DecodedEvent(
+                None,
+                f"JSON nested {depth} levels deep, more than the "
+                f"{MAX_NESTING_DEPTH} allowed",
+            )
     try:
-        record = json.loads(text)
+        record = json.loads(text, parse_int=_bounded_int, parse_constant=_no_constant)
+    except _LimitError as refused:
+        return DecodedEvent(None, str(refused))
     except json.JSONDecodeError as error:
         return DecodedEvent(None, f"not JSON: {error.msg} at char {error.pos}")
+    except RecursionError:  # nesting the bracket scan missed (it cannot)
+        return DecodedEvent(None, "JSON nested too deeply")
     reason = validate_event(record, now=now)
     if reason is not None:
         return DecodedEvent(None, reason)
@@ -247,8 +358,40 @@ def events_to_jsonl(table: pa.Table) -> str:
 
 
 def encode_event_table(table: pa.Table) -> list[bytes]:
-    """Wire form of every event of a table, one message body per event."""
-    return [line.encode() for line in events_to_jsonl(table).splitlines()]
+    """Wire form of every event of a table, one message body per event.
+
+    A string that is not UTF-8 (a Parquet file can hold one) is written as
+    its bytes, so a rejected row's wire form keeps what the file held.
+    """
+    try:
+        return [line.encode() for line in events_to_jsonl(table).splitlines()]
+    except (ValueError, OverflowError, pa.ArrowException):
+        # Bytes that are not UTF-8, a time outside pandas' or Python's range.
+        return [_encode_row(table.slice(i, 1)) for i in range(table.num_rows)]
+
+
+def _encode_row(row: pa.Table) -> bytes:
+    """One row's wire form; strings that are not UTF-8 as their bytes."""
+    try:
+        return events_to_jsonl(row).rstrip("\n").encode()
+    except (ValueError, OverflowError, pa.ArrowException):
+        pass
+    record: dict[str, Any] = {}
+    for name in EVENT_COLUMNS:
+        column = row.column(name)
+        if pa.types.is_string(column.type):
+            raw = column.cast(pa.binary())[0].as_py()
+            # surrogateescape maps each undecodable byte to a code point
+            # that encodes back to that byte.
+            record[name] = (
+                None if raw is None else raw.decode("utf-8", "surrogateescape")
+            )
+        elif pa.types.is_timestamp(column.type):
+            record[name] = column.cast(pa.int64())[0].as_py()
+        else:
+            record[name] = column[0].as_py()
+    text = json.dumps(record, separators=(",", ":"), ensure_ascii=False)
+    return text.encode("utf-8", "surrogateescape")
 
 
 def events_from_records(records: list[dict[str, Any]]) -> pa.Table:
@@ -269,6 +412,22 @@ def validate_event_table(
     Returns:
         ``(valid, rejected)``; ``rejected`` has an extra string column
         ``reason``.
+    """
+    reasons = event_table_reasons(table, now=now)
+    unflagged = pd.isna(reasons)
+    bad_rows = ~unflagged
+    # Usually every row is valid: no copy of the table then.
+    valid = table if unflagged.all() else table.filter(pa.array(unflagged))
+    rejected = table.filter(pa.array(bad_rows)).append_column(
+        "reason", pa.array(reasons[bad_rows].tolist(), pa.string())
+    )
+    return valid, rejected
+
+
+def event_table_reasons(table: pa.Table, *, now: int | None = None) -> Any:
+    """The reason each row of ``table`` is invalid (None where it is valid),
+    as a numpy object array: :func:`validate_event_table` row by row, for
+    readers that must say which rows they set aside.
     """
     if table.schema.remove_metadata() != EVENT_SCHEMA.remove_metadata():
         raise ValueError(
@@ -303,6 +462,16 @@ def validate_event_table(
         values = col(spec.name)
         if not spec.nullable:
             flag(pc.is_null(values), f"missing required field '{spec.name}'")
+        if spec.kind.value == "string":
+            flag(
+                _invalid_utf8(values),
+                f"field '{spec.name}' is not valid UTF-8 text",
+            )
+            lengths = pc.utf8_length(values)
+            flag(
+                pc.greater(lengths, MAX_STRING_CHARS),
+                lambda i, s=spec, n=lengths: length_reason(s.name, n[i].as_py()),
+            )
         if spec.allowed is not None:
             allowed = pa.array(spec.allowed, pa.string())
             # is_in() is false (not null) for a null input, so a null in a
@@ -346,14 +515,35 @@ def validate_event_table(
         lambda i: _future_reason(times[i].as_py(), limit),
     )
     _flag_cross_field(table, flag)
+    return reasons
 
-    bad_rows = ~unflagged
-    # Usually every row is valid: no copy of the table then.
-    valid = table if unflagged.all() else table.filter(pa.array(unflagged))
-    rejected = table.filter(pa.array(bad_rows)).append_column(
-        "reason", pa.array(reasons[bad_rows].tolist(), pa.string())
-    )
-    return valid, rejected
+
+def _invalid_utf8(values: pa.ChunkedArray) -> pa.Array:
+    """Rows of a string column whose bytes are not UTF-8.
+
+    Arrow does not check the bytes of a Parquet string column when it reads
+    it; a full validation of each chunk does, and only a chunk that fails it
+    is looked at row by row.
+    """
+    flags: list[bool] = []
+    for chunk in values.chunks:
+        try:
+            chunk.validate(full=True)
+        except pa.ArrowInvalid:
+            flags += [_not_utf8(raw) for raw in chunk.cast(pa.binary()).to_pylist()]
+        else:
+            flags += [False] * len(chunk)
+    return pa.array(flags, pa.bool_())
+
+
+def _not_utf8(raw: bytes | None) -> bool:
+    if raw is None:
+        return False
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return True
+    return False
 
 
 def _future_reason(value: Any, limit_ms: int) -> str:
@@ -363,10 +553,11 @@ def _future_reason(value: Any, limit_ms: int) -> str:
 
 def _record_value(scalar: pa.Scalar) -> Any:
     """A table value as validate_event sees it in a JSON record."""
-    value = scalar.as_py()
-    if isinstance(value, dt.datetime):
-        return to_epoch_ms(value)
-    return value
+    if pa.types.is_timestamp(scalar.type):
+        # Epoch milliseconds straight from the integer: a time outside
+        # Python's calendar (years 1 to 9999) has no datetime.
+        return scalar.cast(pa.int64()).as_py()
+    return scalar.as_py()
 
 
 def _flag_cross_field(table: pa.Table, flag: Any) -> None:

@@ -7,10 +7,15 @@ streams, framed so a reader can check everything before trusting a byte::
 
     offset  size  field
     0       4     magic b"GEMX"
-    4       2     message schema version (uint16, little-endian)
+    4       2     frame layout version (uint16, little-endian)
     6       8     length E of the examples stream (uint64, little-endian)
-    14      E     examples: IPC stream, training_example_schema()
-    14 + E  rest  segments: IPC stream, TIMELINE_SEGMENT_SCHEMA
+    14      4     CRC-32 (zlib) of bytes 0-13 and of everything from 18 on
+    18      E     examples: IPC stream, training_example_schema()
+    18 + E  rest  segments: IPC stream, TIMELINE_SEGMENT_SCHEMA
+
+The checksum is verified before any Arrow decoding: CRC-32 catches every
+error burst of up to 32 bits, so one flipped byte anywhere in the message
+(header included) is a reason, never a clean decode of altered examples.
 
 Each needed timeline segment appears once per message (one row per user), so
 a message costs its examples plus each user's recent events once, not one
@@ -20,15 +25,17 @@ schema metadata (``max_seq_len``): a consumer reads windows of at most that
 many events (the minimum of its own length and the producer's).
 
 Kafka record: key = the user shard (so one user's examples stay in order in
-one partition), headers ``schema-version`` and ``content-type``
-(:func:`message_headers`). Decoding never raises on bad input: a garbage,
-truncated or foreign message comes back with a reason for the dead-letter
-record (:func:`decode_example_message`).
+one partition), headers ``schema-version`` (the contract's
+:data:`~features.events.SCHEMA_VERSION`, which the tables follow) and
+``content-type`` (:func:`message_headers`). Decoding never raises on bad
+input: a garbage, truncated, corrupted or foreign message comes back with a
+reason for the dead-letter record (:func:`decode_example_message`).
 """
 
 from __future__ import annotations
 
 import struct
+import zlib
 from dataclasses import dataclass
 from typing import Final
 
@@ -38,13 +45,19 @@ from features.events import SCHEMA_VERSION
 from features.examples import TIMELINE_SEGMENT_SCHEMA, training_example_schema
 
 MAGIC: Final = b"GEMX"
-MESSAGE_VERSION: Final = SCHEMA_VERSION
-"""Version of the message layout and of the schemas it carries."""
+MESSAGE_VERSION: Final = 2
+"""Version of the frame layout (the table above); 2 is the checksummed frame."""
 CONTENT_TYPE: Final = "application/vnd.gem.examples+arrow"
 SCHEMA_HEADER: Final = "schema-version"
 CONTENT_TYPE_HEADER: Final = "content-type"
 
-_HEADER: Final = struct.Struct("<4sHQ")
+_PREFIX: Final = struct.Struct("<4sHQ")
+_CHECKSUM: Final = struct.Struct("<I")
+_HEADER_SIZE: Final = _PREFIX.size + _CHECKSUM.size
+
+
+def _crc(prefix: bytes | memoryview, body: bytes | memoryview) -> int:
+    return zlib.crc32(body, zlib.crc32(prefix))
 
 
 @dataclass(frozen=True)
@@ -72,7 +85,7 @@ class DecodedMessage:
 def message_headers() -> list[tuple[str, bytes]]:
     """The Kafka headers every example message carries."""
     return [
-        (SCHEMA_HEADER, str(MESSAGE_VERSION).encode()),
+        (SCHEMA_HEADER, str(SCHEMA_VERSION).encode()),
         (CONTENT_TYPE_HEADER, CONTENT_TYPE.encode()),
     ]
 
@@ -126,7 +139,18 @@ def encode_example_message(
         _WINDOW_KEY: str(max_seq_len).encode(),
     }
     second = _stream(segments.replace_schema_metadata(segment_metadata))
-    return _HEADER.pack(MAGIC, MESSAGE_VERSION, len(first)) + first + second
+    return frame_streams(first, second)
+
+
+def frame_streams(examples_stream: bytes, segments_stream: bytes) -> bytes:
+    """The framed message of two already-written IPC streams (the layout above).
+
+    For producers that write the streams themselves, and for tests that
+    build a message around foreign streams.
+    """
+    prefix = _PREFIX.pack(MAGIC, MESSAGE_VERSION, len(examples_stream))
+    body = examples_stream + segments_stream
+    return prefix + _CHECKSUM.pack(_crc(prefix, body)) + body
 
 
 def _read(data: bytes, schema: pa.Schema, what: str) -> tuple[pa.Table | None, str]:
@@ -151,7 +175,7 @@ def decode_example_message(
     Args:
         data: the Kafka record value.
         headers: the record's headers; when given, a ``schema-version``
-            header other than :data:`MESSAGE_VERSION` is rejected too.
+            header other than the contract's schema version is rejected too.
 
     Returns:
         The tables, or a reason (e.g. ``"unknown schema version 9"``).
@@ -162,27 +186,38 @@ def decode_example_message(
     """
     if headers is not None:
         versions = [v for k, v in headers if k == SCHEMA_HEADER]
-        if versions and versions[0] != str(MESSAGE_VERSION).encode():
+        if versions and versions[0] != str(SCHEMA_VERSION).encode():
             shown = versions[0].decode("utf-8", "replace")
             return DecodedMessage(None, None, f"unknown schema-version header {shown}")
     if data is None:
         return DecodedMessage(None, None, "empty message (no value)")
-    if len(data) < _HEADER.size:
+    if len(data) < _HEADER_SIZE:
         return DecodedMessage(
             None, None, f"too short for a message header ({len(data)} bytes)"
         )
-    magic, version, length = _HEADER.unpack_from(data)
+    magic, version, length = _PREFIX.unpack_from(data)
     if magic != MAGIC:
         return DecodedMessage(None, None, f"not an example message (magic {magic!r})")
     if version != MESSAGE_VERSION:
-        return DecodedMessage(None, None, f"unknown schema version {version}")
-    end = _HEADER.size + length
+        return DecodedMessage(None, None, f"unknown frame version {version}")
+    view = memoryview(data)
+    (stored,) = _CHECKSUM.unpack_from(data, _PREFIX.size)
+    actual = _crc(view[: _PREFIX.size], view[_HEADER_SIZE:])
+    if stored != actual:
+        return DecodedMessage(
+            None,
+            None,
+            f"checksum mismatch: header says CRC-32 {stored:08x}, "
+            f"the {len(data)} bytes give {actual:08x} (corrupted in transit or "
+            "at rest)",
+        )
+    end = _HEADER_SIZE + length
     if end > len(data):
         return DecodedMessage(
             None, None, f"truncated: examples need {length} bytes, {len(data)} total"
         )
     examples, reason = _read(
-        data[_HEADER.size : end], training_example_schema(), "examples"
+        data[_HEADER_SIZE:end], training_example_schema(), "examples"
     )
     if examples is None:
         return DecodedMessage(None, None, reason)

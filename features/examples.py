@@ -24,7 +24,9 @@ Semantics (every producer of examples must compute exactly this; the Beam job
 and the single-process reference are tested against each other):
 
 - **Input**: valid events (:func:`features.events.validate_event_table`), each
-  ``event_id`` counted once (duplicates are exact copies; keep one).
+  ``event_id`` counted once, across all users and inputs: its winning copy,
+  the first in ``(event_time, user_id, digest)`` order, is the
+  event; every other copy is a duplicate (:mod:`features.duplicates`).
 - **Examples**: one per distinct impression; ``example_id`` = its event_id;
   ids, ``domain`` and ``surface`` from the impression event.
 - **Labels**: ``label_click`` = 1 when a click with ``impression_id`` = the

@@ -82,9 +82,12 @@ Files under the feature job's --output DIR (Beam job and reference alike):
       user_counters, ad_counters, advertiser_counters, user_sequence), in
       exactly its schema, rows sorted by (entity id, event_timestamp).
   dead_letters/part-*.jsonl
-      one JSON object per rejected event: its fields as in the event wire
-      format (event_time in epoch ms, nulls as null) plus "reason" (the
-      reason validate_event_table gives).
+      one line per rejected event, features.deadletter.DeadLetter.to_json():
+      source (file or topic), partition (null for files), offset (1-based
+      line or row, or Kafka offset), reason (the validator's), set_aside_ms,
+      payload_length, payload_sha256, truncated, and the original bytes as
+      "payload" (UTF-8 text) or "payload_base64"; a Parquet row's payload is
+      its event wire JSON.
   summary.json
       {"counts": {...}} with the integer counts below, plus "now_ms" (the
       validation clock) and "layout_version".
@@ -101,7 +104,9 @@ Row order across part files is unspecified: compare outputs after sorting by
 the key columns above. Number and names of part files may differ.
 """
 
-LAYOUT_VERSION: Final = 1
+LAYOUT_VERSION: Final = 2
+"""Version of this layout: the tables above and the dead-letter lines of
+:mod:`features.deadletter`."""
 
 COUNT_NAMES: Final = (
     "events_read",

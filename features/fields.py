@@ -9,6 +9,14 @@ example) is a tuple of :class:`FieldSpec`. From it we derive
 
 Keeping both in one place is what stops the Parquet files, the Kafka messages
 and the validation rules from drifting apart.
+
+Limits every field of every record type has, whatever its spec says:
+
+- an integer fits its Arrow type (``int64``: -2**63 .. 2**63-1; ``int16``:
+  -32768 .. 32767), so a valid record always fits its table;
+- a string is valid Unicode that UTF-8 can encode (no lone surrogates: a JSON
+  ``"\\ud800"`` escape decodes to one) and at most :data:`MAX_STRING_CHARS`
+  characters long, ISO-8601 time strings included.
 """
 
 from __future__ import annotations
@@ -18,9 +26,23 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any
+from typing import Any, Final
 
 import pyarrow as pa
+
+MAX_STRING_CHARS: Final = 256
+"""The longest string a field may hold, in characters (code points): ids and
+vocabulary values are far shorter, and a bound keeps reasons and tables small."""
+
+MAX_SHOWN_CHARS: Final = 64
+"""How much of a value a reason quotes."""
+
+INT_RANGES: Final = {
+    pa.int64(): (-(2**63), 2**63 - 1),
+    pa.int32(): (-(2**31), 2**31 - 1),
+    pa.int16(): (-(2**15), 2**15 - 1),
+}
+"""The values each integer Arrow type of the contract can hold."""
 
 
 class Kind(Enum):
@@ -121,8 +143,56 @@ def to_epoch_ms(value: Any) -> int | None:
     if isinstance(value, dt.datetime):
         if value.tzinfo is None:
             return None
-        return (value - _EPOCH) // dt.timedelta(milliseconds=1)
+        try:
+            return (value - _EPOCH) // dt.timedelta(milliseconds=1)
+        except OverflowError:  # an offset that moves year 1 or 9999 out of range
+            return None
     return None
+
+
+def text_reason(name: str, value: str) -> str | None:
+    """Why a string cannot be a field's value (not UTF-8 text, too long), or None.
+
+    The table validator (:func:`features.events.validate_event_table`) gives
+    the same reasons, so they are worded for both.
+    """
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return f"field '{name}' is not valid UTF-8 text"
+    if len(value) > MAX_STRING_CHARS:
+        return length_reason(name, len(value))
+    return None
+
+
+def length_reason(name: str, length: int) -> str:
+    """The reason a string of ``length`` characters is too long."""
+    return (
+        f"field '{name}' has {length} characters, more than the "
+        f"{MAX_STRING_CHARS} allowed"
+    )
+
+
+def shown(value: Any) -> str:
+    """``repr`` of a value, cut to :data:`MAX_SHOWN_CHARS` characters.
+
+    ``repr`` escapes what is not printable, lone surrogates included, so a
+    reason is always valid text, and short whatever the value was.
+    """
+    text = repr(value)
+    if len(text) <= MAX_SHOWN_CHARS:
+        return text
+    return f"{text[:MAX_SHOWN_CHARS]}... ({len(text)} characters)"
+
+
+def _int_shown(value: int) -> str:
+    """An integer for a reason: its digits while they are few (Python refuses
+    to write out one of thousands of digits, and a reason stays short)."""
+    if value.bit_length() <= 128:
+        return repr(value)
+    digits = math.floor(value.bit_length() * math.log10(2)) + 1
+    return f"an integer of about {digits} digits"
 
 
 def check_value(spec: FieldSpec, value: Any) -> str | None:
@@ -134,6 +204,12 @@ def check_value(spec: FieldSpec, value: Any) -> str | None:
         # bool is an int subclass in Python; JSON true is not an id.
         if isinstance(value, bool) or not isinstance(value, int):
             return f"field '{spec.name}' must be an integer, got {type(value).__name__}"
+        bounds = INT_RANGES.get(spec.arrow_type)
+        if bounds is not None and not bounds[0] <= value <= bounds[1]:
+            return (
+                f"field '{spec.name}' is {_int_shown(value)}, outside the "
+                f"{spec.arrow_type} range"
+            )
         number: float = value
     elif kind is Kind.FLOAT:
         if isinstance(value, bool) or not isinstance(value, int | float):
@@ -144,18 +220,29 @@ def check_value(spec: FieldSpec, value: Any) -> str | None:
     elif kind is Kind.STRING:
         if not isinstance(value, str):
             return f"field '{spec.name}' must be a string, got {type(value).__name__}"
+        reason = text_reason(spec.name, value)
+        if reason is not None:
+            return reason
         if spec.allowed is not None and value not in spec.allowed:
             return f"field '{spec.name}' has unknown value {value!r}"
         if not value:
             return f"field '{spec.name}' must not be empty"
         return None
     elif kind is Kind.TIMESTAMP:
+        if isinstance(value, str):
+            reason = text_reason(spec.name, value)
+            if reason is not None:
+                return reason
         millis = to_epoch_ms(value)
         if millis is None:
             return (
                 f"field '{spec.name}' must be epoch milliseconds or an ISO-8601 "
-                f"time with a UTC offset, got {value!r}"
+                f"time with a UTC offset, got {shown(value)}"
             )
+        low, high = INT_RANGES[pa.int64()]
+        if not low <= millis <= high:
+            shown_time = _int_shown(value) if isinstance(value, int) else shown(value)
+            return f"field '{spec.name}' is {shown_time}, outside the int64 range"
         number = millis
     else:  # list kinds
         if not isinstance(value, list):
@@ -179,7 +266,10 @@ def check_fields(
     known = {f.name for f in fields}
     unknown = sorted(set(record) - known)
     if unknown:
-        return f"unknown field(s) {', '.join(map(repr, unknown))}"
+        # A hostile record may hold thousands of keys, each long.
+        listed = ", ".join(shown(key) for key in unknown[:5])
+        more = f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""
+        return f"unknown field(s) {listed}{more}"
     for spec in fields:
         reason = check_value(spec, record.get(spec.name))
         if reason is not None:

@@ -77,9 +77,11 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
     # beats a runner stack trace.
     files = io.check_inputs(options.input, events_required=not options.events_topic)
     output = str(Path(options.output).resolve())
-    # Earlier runs' parts (maybe from another --shards) must not mix in.
+    # Earlier runs' parts (maybe from another --shards) must not mix in, and
+    # their summary must not describe this run's outputs if it fails.
     for name in OUTPUT_DIRS:
         shutil.rmtree(Path(output) / name, ignore_errors=True)
+    (Path(output) / "summary.json").unlink(missing_ok=True)
     # One validation clock for the whole run, recorded in the summary; the
     # same rule as pipelines.reference (flag, else the generator manifest's
     # validation_now_ms, else the wall clock), so both see the same events.

@@ -3,8 +3,12 @@
 Wire format (see :mod:`features.events`): one UTF-8 JSON event per message,
 keyed by user id so that one user's events stay in order within a partition,
 with a ``schema-version`` header. Reading validates every message; what fails
-becomes a dead letter with its partition, offset and reason, and is counted,
-so ``read == valid + dead letters`` always holds.
+becomes a dead letter (:class:`features.deadletter.DeadLetter`: topic,
+partition, offset, reason and the message's bytes), and is counted, so
+``read == valid + dead letters`` always holds. Its copy on a dead-letter topic
+holds at most the first :data:`features.events.MAX_EVENT_BYTES` of the
+message (so it fits where the message did), with the whole message's length
+and hash in its headers.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import pyarrow as pa
 
 from features.deadletter import DeadLetter
 from features.events import (
+    MAX_EVENT_BYTES,
     SCHEMA_VERSION,
     decode_event,
     encode_event_table,
@@ -231,10 +236,9 @@ def read_events(
         producer = KafkaProducer(**settings.client_config())
         try:
             for letter in dead:
+                copy = letter.truncated_to(MAX_EVENT_BYTES)
                 producer.send(
-                    dead_letter_topic,
-                    value=letter.payload,
-                    headers=letter.kafka_headers(),
+                    dead_letter_topic, value=copy.payload, headers=copy.kafka_headers()
                 )
             producer.flush()
         finally:

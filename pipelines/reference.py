@@ -10,14 +10,18 @@ Usage::
     python -m pipelines.reference --input DIR --output DIR [--now-ms MS]
 
 ``--input`` is a generator or MovieLens output (``events/``,
-``users.parquet``, ``ads.parquet``, ``contents.parquet``). The validation
-clock is ``--now-ms``, else the input's ``manifest.json``
-``validation_now_ms``, else the wall clock.
+``users.parquet``, ``ads.parquet``, ``contents.parquet``); its event files
+are found and numbered as the Beam job does (:mod:`pipelines.event_files`),
+and a JSONL line that does not decode is a dead letter with the job's reason,
+as is an invalid row. The validation clock is ``--now-ms``, else the input's
+``manifest.json`` ``validation_now_ms``, else the wall clock.
 
 Choices the spec leaves open, fixed here (the Beam job follows them):
 
-- Validation comes first; duplicates are removed among *valid* rows, keeping
-  the first copy in input order (the contract says copies are identical).
+- Validation comes first; duplicates are removed among *valid* rows: each
+  ``event_id`` keeps its winning copy, the first in ``(event_time, user_id,
+  digest)`` order, whatever user or file each copy came under
+  (:mod:`features.duplicates`).
 - "Distinct time order" is ``(event_time, event_id)``, event ids compared
   byte-wise (UTF-8, which is code point order).
 - Labels: clicks / conversions are matched on ``impression_id`` alone (any
@@ -51,12 +55,17 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from features import vocab
+from features.deadletter import DeadLetter
 from features.events import (
     CLICK_WINDOW,
     CONVERSION_WINDOW,
     EVENT_COLUMNS,
+    EVENT_SCHEMA,
     SCHEMA_VERSION,
-    validate_event_table,
+    decode_event,
+    encode_event_table,
+    event_table_reasons,
+    events_from_records,
 )
 from features.examples import TIMELINE_SCHEMA, training_example_schema
 from features.feature_tables import (
@@ -83,11 +92,18 @@ from pipelines.beam.kernels import (
     BackgroundWrites,
     WindowCounter,
     distinct_sorted,
-    first_of_each,
     parquet_options,
     timeline_order,
+    winning_copies,
 )
 from pipelines.beam.memory import reuse_freed_memory
+from pipelines.event_files import (
+    PARQUET_BATCH_ROWS,
+    InputFileError,
+    event_files,
+    jsonl_payloads,
+    row_payloads,
+)
 
 I64 = npt.NDArray[np.int64]
 
@@ -108,9 +124,11 @@ class ReferenceOutput:
     Attributes:
         examples: ``training_example_schema()``, sorted by example_id.
         timelines: ``TIMELINE_SCHEMA``, sorted by user_id.
-        dead_letters: rejected events (EVENT_SCHEMA + ``reason``), input order.
+        dead_letters: rejected rows (EVENT_SCHEMA + ``reason``), input order.
         counts: :data:`~features.feature_tables.COUNT_NAMES` -> count.
         feature_tables: name -> table in ``FEATURE_TABLES[name].schema``.
+        letters: every dead letter (rejected rows and input lines that never
+            became rows), by file and line, as the job writes them.
     """
 
     examples: pa.Table
@@ -118,6 +136,34 @@ class ReferenceOutput:
     dead_letters: pa.Table
     counts: dict[str, int]
     feature_tables: dict[str, pa.Table]
+    letters: tuple[DeadLetter, ...] = ()
+
+
+@dataclass(frozen=True)
+class EventOrigins:
+    """Where each row of an events table came from, and what never became one.
+
+    Attributes:
+        files: the event files.
+        file_index: (N,) each row's file, an index into ``files``.
+        offsets: (N,) each row's 1-based row (Parquet) or line (JSONL) number.
+        set_aside: dead letters of input lines that did not decode.
+    """
+
+    files: tuple[str, ...]
+    file_index: npt.NDArray[np.int32]
+    offsets: I64
+    set_aside: tuple[DeadLetter, ...] = ()
+
+    def letter(self, row: int, reason: str, payload: bytes) -> DeadLetter:
+        """The dead letter of table row ``row``."""
+        return DeadLetter(
+            source=self.files[int(self.file_index[row])],
+            partition=None,
+            offset=int(self.offsets[row]),
+            reason=reason,
+            payload=payload,
+        )
 
 
 # --- small helpers -----------------------------------------------------------
@@ -226,8 +272,9 @@ class _Events:
 
 
 def _distinct_sorted(valid: pa.Table) -> _Events:
-    """Each event_id once (first copy in input order), in distinct time order."""
-    distinct = valid.take(pa.array(first_of_each(valid.column("event_id"))))
+    """Each event_id once (its winning copy), in distinct time order."""
+    keep = winning_copies(valid)
+    distinct = valid if keep.all() else valid.filter(pa.array(keep))
     # Integer sort on time; only events with equal times compare their ids.
     order = timeline_order([_ints(distinct.column("event_time"))], distinct["event_id"])
     table = distinct.take(pa.array(order))
@@ -493,6 +540,7 @@ def build_reference(
     contents: pa.Table,
     *,
     now_ms: int | None = None,
+    origins: EventOrigins | None = None,
 ) -> ReferenceOutput:
     """Run the whole feature job in memory.
 
@@ -502,11 +550,19 @@ def build_reference(
         ads: AD_SCHEMA rows (versions by ``updated_at``).
         contents: CONTENT_SCHEMA rows.
         now_ms: validation clock (epoch ms); the wall clock when None.
+        origins: where the rows came from (:func:`read_event_input`); None:
+            one source, ``events``, numbered by row from 1.
 
     Returns:
         Examples, timelines, dead letters, counts and feature tables.
     """
-    valid, dead_letters = validate_event_table(events, now=now_ms)
+    if origins is None:
+        origins = EventOrigins(
+            ("events",),
+            np.zeros(events.num_rows, np.int32),
+            np.arange(1, events.num_rows + 1, dtype=np.int64),
+        )
+    valid, dead_letters, letters = _validate(events, origins, now_ms)
     distinct = _distinct_sorted(valid)
     user_attributes = _user_attributes(users)
     ad_attributes = _ad_attributes(ads)
@@ -514,9 +570,9 @@ def build_reference(
     counters = _window_counters(distinct)
     examples = _examples(distinct, user_attributes, ad_attributes, counters)
     counts = {
-        "events_read": events.num_rows,
+        "events_read": events.num_rows + len(origins.set_aside),
         "events_valid": valid.num_rows,
-        "events_dead_lettered": dead_letters.num_rows,
+        "events_dead_lettered": len(letters),
         "duplicates_removed": valid.num_rows - distinct.table.num_rows,
         "events_distinct": distinct.table.num_rows,
         "timeline_events": int(
@@ -535,7 +591,33 @@ def build_reference(
         feature_tables=_feature_tables(
             distinct, timelines, user_attributes, ad_attributes, counters
         ),
+        letters=letters,
     )
+
+
+def _validate(
+    events: pa.Table, origins: EventOrigins, now_ms: int | None
+) -> tuple[pa.Table, pa.Table, tuple[DeadLetter, ...]]:
+    """Valid rows, rejected rows (with ``reason``) and every dead letter,
+    by file and line; a rejected row's payload is its wire JSON, as the
+    job's."""
+    reasons = event_table_reasons(events, now=now_ms)
+    bad = pd.notna(reasons)
+    rows = np.flatnonzero(bad)
+    rejected = events.take(pa.array(rows, pa.int64()))
+    wire = encode_event_table(rejected)
+    letters = [
+        origins.letter(int(row), reasons[row], payload)
+        for row, payload in zip(rows, wire, strict=True)
+    ]
+    letters += origins.set_aside
+    order = {path: i for i, path in enumerate(origins.files)}
+    letters.sort(key=lambda letter: (order.get(letter.source, -1), letter.offset))
+    valid = events if not rows.size else events.filter(pa.array(~bad))
+    rejected = rejected.append_column(
+        "reason", pa.array(reasons[bad].tolist(), pa.string())
+    )
+    return valid, rejected, tuple(letters)
 
 
 # --- files -------------------------------------------------------------------
@@ -549,20 +631,9 @@ OUTPUT_PARTS: Final = (
 )
 
 
-def _dead_letter_lines(dead_letters: pa.Table) -> str:
-    """JSONL of rejected events: wire-format fields (event_time in ms) + reason."""
-    if dead_letters.num_rows == 0:
-        return ""
-    wire = dead_letters.set_column(
-        dead_letters.schema.get_field_index("event_time"),
-        "event_time",
-        dead_letters.column("event_time").cast(pa.int64()),
-    ).select([*EVENT_COLUMNS, "reason"])
-    frame = wire.to_pandas(
-        types_mapper={pa.int64(): pd.Int64Dtype(), pa.int16(): pd.Int16Dtype()}.get
-    )
-    text: str = frame.to_json(orient="records", lines=True, force_ascii=False)
-    return text if text.endswith("\n") else text + "\n"
+def _dead_letter_lines(letters: Sequence[DeadLetter]) -> str:
+    """JSONL of dead letters (:meth:`DeadLetter.to_json`), as the job writes."""
+    return "".join(letter.to_json() + "\n" for letter in letters)
 
 
 def write_output(output: ReferenceOutput, out: Path, *, now_ms: int) -> None:
@@ -580,7 +651,7 @@ def write_output(output: ReferenceOutput, out: Path, *, now_ms: int) -> None:
         writes.close()
     (out / "dead_letters").mkdir(parents=True, exist_ok=True)
     (out / "dead_letters" / "part-0.jsonl").write_text(
-        _dead_letter_lines(output.dead_letters), encoding="utf-8"
+        _dead_letter_lines(output.letters), encoding="utf-8"
     )
     summary = {
         "layout_version": LAYOUT_VERSION,
@@ -614,16 +685,121 @@ def _write_files(output: ReferenceOutput, out: Path, writes: BackgroundWrites) -
 
 
 def read_input(source: Path) -> tuple[pa.Table, pa.Table, pa.Table, pa.Table]:
-    """Events (EVENT_SCHEMA) and the users / ads / contents tables of a data set."""
-    # The generator's reader handles both event formats of the shared layout.
-    from pipelines.synthetic.writer import read_events
+    """Events (EVENT_SCHEMA) and the users / ads / contents tables of a data set
+    whose event files all parse (a generated one); :func:`read_event_input`
+    reads any, setting aside what does not decode."""
+    from pipelines.synthetic.writer import read_event_file
 
+    files = event_files(source)
+    events = (
+        pa.concat_tables([read_event_file(Path(f)) for f in files])
+        if files
+        else EVENT_SCHEMA.empty_table()
+    )
+    return (events, *_dimensions(source))
+
+
+def _dimensions(source: Path) -> tuple[pa.Table, pa.Table, pa.Table]:
     return (
-        read_events(source),
         pq.read_table(source / "users.parquet"),
         pq.read_table(source / "ads.parquet"),
         pq.read_table(source / "contents.parquet"),
     )
+
+
+def read_event_input(
+    source: Path, now_ms: int | None
+) -> tuple[pa.Table, EventOrigins, pa.Table, pa.Table, pa.Table]:
+    """Events, where each came from, and the dimension tables of any input
+    the Beam job reads.
+
+    Parquet rows become rows; a JSONL line, or a row of a Parquet file of
+    foreign column types, becomes a row when it decodes
+    (:func:`features.events.decode_event`, with the job's clock ``now_ms``),
+    and a dead letter with the job's reason when not.
+    """
+    files = event_files(source)
+    tables: list[pa.Table] = []
+    file_index: list[npt.NDArray[np.int32]] = []
+    offsets: list[I64] = []
+    set_aside: list[DeadLetter] = []
+    for index, path in enumerate(files):
+        if path.endswith(".jsonl"):
+            with open(path, "rb") as handle:
+                lines = list(jsonl_payloads(handle))
+            table, numbers = _decoded(path, lines, now_ms, set_aside)
+        else:
+            table, numbers = _parquet_events(path, now_ms, set_aside)
+        tables.append(table)
+        file_index.append(np.full(table.num_rows, index, np.int32))
+        offsets.append(numbers)
+    events = pa.concat_tables(tables) if tables else EVENT_SCHEMA.empty_table()
+    origins = EventOrigins(
+        tuple(files),
+        np.concatenate(file_index) if file_index else np.zeros(0, np.int32),
+        np.concatenate(offsets) if offsets else np.zeros(0, np.int64),
+        tuple(set_aside),
+    )
+    return (events, origins, *_dimensions(source))
+
+
+def _parquet_events(
+    path: str, now_ms: int | None, set_aside: list[DeadLetter]
+) -> tuple[pa.Table, I64]:
+    """A Parquet file's rows and their numbers, in the job's batches: a batch
+    of foreign column types row by row (:mod:`pipelines.event_files`)."""
+    tables: list[pa.Table] = [EVENT_SCHEMA.empty_table()]
+    numbers: list[I64] = []
+    first = 1
+    try:
+        batches = pq.ParquetFile(path).iter_batches(
+            batch_size=PARQUET_BATCH_ROWS, columns=list(EVENT_COLUMNS)
+        )
+        for batch in batches:
+            table = pa.Table.from_batches([batch])
+            try:
+                events = table.cast(EVENT_SCHEMA)
+                rows = np.arange(first, first + table.num_rows, dtype=np.int64)
+            except pa.ArrowException:
+                payloads = list(enumerate(row_payloads(table), start=first))
+                events, rows = _decoded(path, payloads, now_ms, set_aside)
+            tables.append(events)
+            numbers.append(rows)
+            first += table.num_rows
+    except (OSError, pa.ArrowException, ValueError) as error:
+        raise InputFileError(f"{path}: cannot read events ({error})") from error
+    return pa.concat_tables(tables), np.concatenate([np.zeros(0, np.int64), *numbers])
+
+
+def _decoded(
+    path: str,
+    payloads: Sequence[tuple[int, bytes]],
+    now_ms: int | None,
+    set_aside: list[DeadLetter],
+) -> tuple[pa.Table, I64]:
+    """The events of ``(line or row number, wire message)`` pairs that
+    decode, with their numbers; the others' dead letters are added to
+    ``set_aside``."""
+    records = []
+    numbers = []
+    for number, payload in payloads:
+        decoded = decode_event(payload, now=now_ms)
+        if decoded.event is not None:
+            records.append(decoded.event)
+            numbers.append(number)
+            continue
+        reason = decoded.reason or "invalid event"
+        set_aside.append(
+            DeadLetter(
+                source=path,
+                partition=None,
+                offset=number,
+                reason=reason,
+                payload=payload,
+            )
+        )
+    table = events_from_records(records) if records else EVENT_SCHEMA.empty_table()
+    return table.cast(EVENT_SCHEMA), np.asarray(numbers, dtype=np.int64)
 
 
 def validation_clock(source: Path, now_ms: int | None) -> int:
@@ -661,7 +837,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     # The Beam job's allocator settings (it applies them too): a fair peer.
     reuse_freed_memory()
     now_ms = validation_clock(args.input, args.now_ms)
-    output = build_reference(*read_input(args.input), now_ms=now_ms)
+    events, origins, users, ads, contents = read_event_input(args.input, now_ms)
+    output = build_reference(
+        events, users, ads, contents, now_ms=now_ms, origins=origins
+    )
     write_output(output, out, now_ms=now_ms)
     seconds = time.perf_counter() - started
     print(json.dumps({"counts": output.counts, "seconds": round(seconds, 2)}))

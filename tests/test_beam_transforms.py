@@ -6,7 +6,6 @@ into plain values first (ids, counts) so ``equal_to`` compares Python data.
 
 from __future__ import annotations
 
-import datetime as dt
 from typing import Any
 
 import apache_beam as beam
@@ -559,12 +558,22 @@ def test_corrupted_lines_are_counted_and_never_crash(lines: list[bytes]) -> None
         assert "reason" in __import__("json").loads(letter.value)
 
 
-@pytest.mark.parametrize("value", [dt.datetime(2026, 1, 1, tzinfo=dt.UTC)])
-def test_dead_letter_lines_are_json(value: dt.datetime) -> None:
-    from pipelines.beam.validate import dead_letter_line
+def test_dead_letter_lines_keep_the_bytes_and_where_they_came_from() -> None:
+    from features.deadletter import DeadLetter
 
-    assert '"reason":"r"' in dead_letter_line(None, b"\xff", "r")
-    assert '"event_id":"e"' in dead_letter_line({"event_id": "e"}, b"", "r")
+    fn = ValidateEventsFn(NOW)
+    payloads = (b"\xff", b'{"reason": "mine", "payload": NaN}')
+    batch = RawEvents("x.jsonl", 3, payloads=payloads, offsets=(3, 7))
+    _, lines, read = fn.compute(batch)
+    assert read == 2
+    letters = [DeadLetter.from_json(line) for line in lines]
+    assert [x.payload for x in letters] == list(payloads)
+    assert [(x.source, x.partition, x.offset) for x in letters] == [
+        ("x.jsonl", None, 3),
+        ("x.jsonl", None, 7),
+    ]
+    # The record's own keys stay in its payload, not in the letter's fields.
+    assert letters[1].reason == "not JSON: NaN is not a JSON number"
 
 
 def test_every_shuffle_carries_ipc_bytes_not_pickles() -> None:
@@ -585,7 +594,8 @@ def test_every_shuffle_carries_ipc_bytes_not_pickles() -> None:
                 )
 
     p.visit(Visitor())
-    assert len(shuffled) == 3
+    # Events by user shard, their id projections by id bucket, counters, examples.
+    assert len(shuffled) == 4
     for coder in shuffled:
         assert "Pickle" not in coder
         assert "FastPrimitives" not in coder

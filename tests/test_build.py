@@ -11,6 +11,7 @@ import json
 import logging
 import uuid
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -25,9 +26,10 @@ from apache_beam.options.pipeline_options import (
     StandardOptions,
 )
 
+from features.deadletter import DeadLetter
 from features.example_messages import SCHEMA_HEADER, decode_example_message
 from features.examples import TIMELINE_SCHEMA, training_example_schema
-from features.feature_tables import COUNT_NAMES, FEATURE_TABLES
+from features.feature_tables import COUNT_NAMES, FEATURE_TABLES, LAYOUT_VERSION
 from features.kafka import KafkaSettings
 from features.windows import attach_windows
 from pipelines import build
@@ -41,8 +43,8 @@ from pipelines.beam.runner import (
 from pipelines.event_stream import publish_events, publish_raw
 from pipelines.reference import (
     ReferenceOutput,
-    _dead_letter_lines,
     build_reference,
+    read_event_input,
     read_input,
 )
 from pipelines.synthetic import GeneratorConfig, generate_dataset, validation_now_ms
@@ -86,8 +88,25 @@ def built(dataset: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def reference(dataset: Path) -> ReferenceOutput:
-    """The reference's output on ``dataset``."""
-    return build_reference(*read_input(dataset), now_ms=NOW)
+    """The reference's output on ``dataset``, its rows' files and rows known."""
+    events, origins, users, ads, contents = read_event_input(dataset, NOW)
+    return build_reference(events, users, ads, contents, now_ms=NOW, origins=origins)
+
+
+def dead_letters(out: Path) -> list[DeadLetter]:
+    """A job's dead letters, by file and line (or topic, partition, offset)."""
+    letters = [
+        DeadLetter.from_json(line)
+        for path in sorted((out / "dead_letters").glob("part-*.jsonl"))
+        for line in path.read_text().splitlines()
+    ]
+    return sorted(letters, key=lambda x: (x.source, x.partition or 0, x.offset))
+
+
+def without_time(letters: list[DeadLetter]) -> list[DeadLetter]:
+    """Dead letters with ``set_aside_ms``, the one field that depends on when
+    a run set them aside, blanked for comparisons between runs."""
+    return [replace(letter, set_aside_ms=0) for letter in letters]
 
 
 def _examples(out: Path) -> pa.Table:
@@ -162,7 +181,7 @@ def test_layout_and_counts_add_up(built: Path) -> None:
     summary = json.loads((built / "summary.json").read_text())
     counts = summary["counts"]
     assert summary["now_ms"] == NOW
-    assert summary["layout_version"] == 1
+    assert summary["layout_version"] == LAYOUT_VERSION
     assert (
         counts["events_read"] == counts["events_valid"] + counts["events_dead_lettered"]
     )
@@ -182,24 +201,19 @@ def test_layout_and_counts_add_up(built: Path) -> None:
 def test_dead_letters_hold_fields_and_reason(
     built: Path, reference: ReferenceOutput
 ) -> None:
-    lines = [
-        json.loads(line)
-        for path in sorted((built / "dead_letters").glob("part-*.jsonl"))
-        for line in path.read_text().splitlines()
-    ]
-    by_id = {line["event_id"]: line for line in lines}
+    letters = dead_letters(built)
+    by_id = {json.loads(letter.payload)["event_id"]: letter for letter in letters}
     assert set(by_id) == {"bad-domain", "far-future"}
-    assert by_id["bad-domain"]["reason"] == "field 'domain' has unknown value 'myspace'"
-    assert "in the future" in by_id["far-future"]["reason"]
-    assert isinstance(by_id["far-future"]["event_time"], int)
-    # The same records as the reference writes (its file format, parsed).
-    expected = [
-        json.loads(line)
-        for line in _dead_letter_lines(reference.dead_letters).splitlines()
-    ]
-    assert sorted(lines, key=lambda x: x["event_id"]) == sorted(
-        expected, key=lambda x: x["event_id"]
-    )
+    bad = by_id["bad-domain"]
+    assert bad.reason == "field 'domain' has unknown value 'myspace'"
+    assert "in the future" in by_id["far-future"].reason
+    assert isinstance(json.loads(by_id["far-future"].payload)["event_time"], int)
+    # Where they came from: the injected file, rows 1 and 2.
+    assert bad.source.endswith("date=2026-10-01/part-1.parquet")
+    assert (bad.partition, bad.offset) == (None, 1)
+    assert by_id["far-future"].offset == 2
+    # The same letters as the reference's, but for when they were set aside.
+    assert without_time(letters) == without_time(list(reference.letters))
 
 
 def test_movielens_equals_the_reference(tmp_path: Path) -> None:
@@ -259,12 +273,11 @@ def test_jsonl_input_dead_letters_bad_lines(dataset: Path, tmp_path: Path) -> No
     assert counts["events_read"] == len(lines)
     assert counts["events_dead_lettered"] == 3
     assert counts["events_valid"] + counts["events_dead_lettered"] == len(lines)
-    letters = (tmp_path / "o" / "dead_letters").glob("*.jsonl")
-    reasons = [
-        json.loads(x)["reason"] for p in letters for x in p.read_text().split("\n") if x
-    ]
-    assert any(r.startswith("not UTF-8") for r in reasons)
-    assert any(r.startswith("not JSON") for r in reasons)
+    letters = dead_letters(tmp_path / "o")
+    assert [x.payload for x in letters] == lines[-3:]
+    assert [x.offset for x in letters] == [len(lines) - 2, len(lines) - 1, len(lines)]
+    assert letters[0].reason.startswith("not UTF-8")
+    assert letters[1].reason.startswith("not JSON")
 
 
 @pytest.mark.integration

@@ -17,6 +17,7 @@ from features.events import (
     EVENT_FIELDS,
     EVENT_SCHEMA,
     MAX_CLOCK_SKEW_MS,
+    MAX_STRING_CHARS,
     decode_event,
     encode_event,
     encode_event_table,
@@ -210,6 +211,16 @@ def _mutations() -> st.SearchStrategy[dict[str, Any]]:
                 [NOW - 1, NOW - 5, -1, NOW + 2 * MAX_CLOCK_SKEW_MS]
             ),
             "user": st.sampled_from([0, 5, 6, -3]),
+            # The string length limit: at it, over it, in a vocabulary field.
+            "long": st.sampled_from(
+                [
+                    {},
+                    {},
+                    {"impression_id": "i" * MAX_STRING_CHARS},
+                    {"impression_id": "i" * (MAX_STRING_CHARS + 1)},
+                    {"surface": "é" * (MAX_STRING_CHARS + 5)},
+                ]
+            ),
         }
     ).map(_apply)
 
@@ -229,6 +240,7 @@ def _apply(m: dict[str, Any]) -> dict[str, Any]:
         record[name] = None
     if m["fill_content"]:
         record["content_id"] = 1
+    record.update(m["long"])
     return record
 
 
@@ -273,3 +285,28 @@ def test_table_with_the_wrong_schema_names_the_column() -> None:
     )
     with pytest.raises(ValueError, match="column 'user_id' is string, expected int64"):
         validate_event_table(retyped, now=NOW)
+
+
+def test_bytes_that_are_not_utf8_get_the_reason_of_a_lone_surrogate() -> None:
+    """A Parquet string column can hold bytes that are not UTF-8 (Arrow does
+    not check them on reading); a JSON string can hold a lone surrogate. Both
+    are text no writer can encode: the two validators give one reason."""
+    record = with_(IMPRESSION, event_id="\ud800")
+    expected = validate_event(record, now=NOW)
+    assert expected == "field 'event_id' is not valid UTF-8 text"
+    good = events_from_records([IMPRESSION])
+    ids = good.column("event_id").combine_chunks()
+    raw = b"\xed\xa0\x80"  # the surrogate in CESU-8
+    bad_ids = pa.Array.from_buffers(
+        pa.string(),
+        1,
+        [None, pa.array([0, len(raw)], pa.int32()).buffers()[1], pa.py_buffer(raw)],
+    )
+    assert ids.type == bad_ids.type
+    index = EVENT_COLUMNS.index("event_id")
+    table = good.set_column(index, good.schema.field(index), bad_ids)
+    valid, rejected = validate_event_table(table, now=NOW)
+    assert valid.num_rows == 0
+    assert rejected["reason"].to_pylist() == [expected]
+    # Its wire form keeps the bytes the file held.
+    assert raw in encode_event_table(table)[0]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import struct
+import zlib
 
 import numpy as np
 import pyarrow as pa
@@ -16,6 +17,7 @@ from features.example_messages import (
     SCHEMA_HEADER,
     decode_example_message,
     encode_example_message,
+    frame_streams,
     message_headers,
 )
 from features.examples import TIMELINE_SEGMENT_SCHEMA, training_example_schema
@@ -48,6 +50,12 @@ def _segments() -> pa.Table:
     return pa.Table.from_pydict(rows, schema=TIMELINE_SEGMENT_SCHEMA)
 
 
+def _frame(version: int, length: int, body: bytes) -> bytes:
+    """A frame with a correct checksum around any header fields and body."""
+    prefix = struct.pack("<4sHQ", MAGIC, version, length)
+    return prefix + struct.pack("<I", zlib.crc32(body, zlib.crc32(prefix))) + body
+
+
 def test_round_trip() -> None:
     message = encode_example_message(_examples(10), _segments(), max_seq_len=8)
     decoded = decode_example_message(message, message_headers())
@@ -68,9 +76,11 @@ def test_encode_rejects_foreign_tables() -> None:
     [
         (b"", None, "too short"),
         (b"XXXX" + bytes(20), None, "not an example message"),
-        (struct.pack("<4sHQ", MAGIC, 99, 0), None, "unknown schema version 99"),
-        (struct.pack("<4sHQ", MAGIC, MESSAGE_VERSION, 10**6), None, "truncated"),
-        (struct.pack("<4sHQ", MAGIC, MESSAGE_VERSION, 3) + b"abc", None, "examples"),
+        (_frame(99, 0, b""), None, "unknown frame version 99"),
+        (_frame(1, 0, b""), None, "unknown frame version 1"),
+        (_frame(MESSAGE_VERSION, 10**6, b""), None, "truncated"),
+        (_frame(MESSAGE_VERSION, 3, b"abc"), None, "examples"),
+        (_frame(MESSAGE_VERSION, 3, b"abc")[:-1] + b"x", None, "checksum mismatch"),
         (b"", [(SCHEMA_HEADER, b"7")], "unknown schema-version header 7"),
         (None, None, "empty message"),
     ],
@@ -91,7 +101,7 @@ def test_wrong_schema_inside_is_rejected() -> None:
     other = pa.table({"x": [1]})
     with pa.ipc.new_stream(sink, other.schema) as writer:
         writer.write_table(other)
-    swapped = good[: 14 + length] + bytes(sink.getvalue())
+    swapped = frame_streams(good[18 : 18 + length], bytes(sink.getvalue()))
     decoded = decode_example_message(swapped)
     assert decoded.reason == "segments: schema differs from the contract"
 
@@ -127,7 +137,24 @@ def test_segments_without_their_window_length_are_rejected() -> None:
         return bytes(sink.getvalue())
 
     first, second = stream(_examples(2)), stream(_segments())
-    frame = struct.pack("<4sHQ", b"GEMX", MESSAGE_VERSION, len(first))
-    decoded = decode_example_message(frame + first + second)
+    decoded = decode_example_message(frame_streams(first, second))
     assert decoded.reason == "segments: no valid max_seq_len in their metadata"
     assert decode_example_message(_GOOD).max_seq_len == 8
+
+
+def test_every_flipped_byte_is_caught() -> None:
+    """One altered byte anywhere, header or body, never decodes cleanly."""
+    for position in range(len(_GOOD)):
+        for mask in (0x01, 0x80, 0xFF):
+            data = bytearray(_GOOD)
+            data[position] ^= mask
+            decoded = decode_example_message(bytes(data))
+            assert not decoded.ok, (position, mask)
+            assert decoded.reason
+
+
+def test_headers_carry_the_contract_schema_version() -> None:
+    from features.events import SCHEMA_VERSION
+
+    assert (SCHEMA_HEADER, str(SCHEMA_VERSION).encode()) in message_headers()
+    assert decode_example_message(_GOOD, message_headers()).ok

@@ -24,6 +24,7 @@ import pyarrow.compute as pc
 import pytest
 from feast import FeatureStore
 
+from features.deadletter import DeadLetter
 from features.example_messages import decode_example_message
 from features.kafka import KafkaSettings, topic_records
 from features.windows import attach_windows
@@ -82,6 +83,24 @@ def late_copies(events: pa.Table, count: int, shift_ms: int, tag: str) -> pa.Tab
     return newest.cast(events.schema)
 
 
+def with_shared_ids(events: pa.Table) -> pa.Table:
+    """The events and copies of three impressions under another user (one
+    of them ten minutes earlier, so that copy wins), in event-time order."""
+    impressions = events.filter(pc.equal(events.column("action"), "impression"))
+    users = sorted(set(events.column("user_id").to_pylist()))
+    rows = []
+    for index, row in enumerate(
+        impressions.slice(impressions.num_rows // 2, 3).to_pylist()
+    ):
+        other = next(u for u in users if u != row["user_id"])
+        copy = row | {"user_id": other}
+        if index == 1:
+            copy["event_time"] = row["event_time"] - dt.timedelta(minutes=10)
+        rows.append(copy)
+    copies = pa.Table.from_pylist(rows, schema=events.schema)
+    return pa.concat_tables([events, copies]).sort_by("event_time")
+
+
 @pytest.fixture(scope="module")
 def run(
     tmp_path_factory: pytest.TempPathFactory, kafka_settings: KafkaSettings
@@ -96,7 +115,9 @@ def run(
     events_topic, examples_topic = f"ev-{suffix}", f"ex-{suffix}"
     # One partition: the arrival order (hence what is late) is the test's.
     ensure_topics(kafka_settings, {events_topic: 1})
-    publish_events(events, kafka_settings, events_topic)
+    # Three event_ids also under another user: one event each, as in batch.
+    shared = with_shared_ids(events)
+    publish_events(shared, kafka_settings, events_topic)
     publish_raw(GARBAGE, kafka_settings, events_topic, key=b"0")
     allowed = late_copies(events, ALLOWED_LATE, LATENESS_MS // 2, "late-ok")
     too_late = late_copies(events, TOO_LATE, 2 * LATENESS_MS, "too-late")
@@ -104,7 +125,7 @@ def run(
     publish_events(too_late, kafka_settings, events_topic)
 
     # The batch oracle on what should count, and a Feast repo on its tables.
-    kept = pa.concat_tables([events, allowed])
+    kept = pa.concat_tables([shared, allowed])
     reference = build_reference(kept, users, ads, contents, now_ms=NOW)
     features = root / "features"
     write_output(reference, features, now_ms=NOW)
@@ -172,6 +193,9 @@ def test_examples_equal_the_batch_job(run: StreamRun) -> None:
         i for i in expected.column("example_id").to_pylist() if i.startswith("late-ok")
     }
     assert late_ids, "the late copies include impressions"
+    # The ids also under another user: the id stage told the shards, and each
+    # is one example (the equal columns above say it is the winning copy's).
+    assert run.summary["counts"]["event_id_notices"] >= 3
 
 
 def test_message_windows_equal_the_full_timelines(run: StreamRun) -> None:
@@ -183,11 +207,17 @@ def test_message_windows_equal_the_full_timelines(run: StreamRun) -> None:
 
 
 def test_dead_letters_have_their_reasons_and_counts_add_up(run: StreamRun) -> None:
-    reasons = [d["reason"] for d in run.dead_letters]
-    late = [d for d in run.dead_letters if d["reason"].startswith("late:")]
-    assert {d["event_id"] for d in late} == run.too_late_ids
-    assert len(reasons) == len(GARBAGE) + TOO_LATE
-    assert all(d["source"].endswith("/0") and "offset" in d for d in run.dead_letters)
+    letters = [DeadLetter.from_json(json.dumps(d)) for d in run.dead_letters]
+    late = [d for d in letters if d.reason.startswith("late:")]
+    assert {json.loads(d.payload)["event_id"] for d in late} == run.too_late_ids
+    assert len(letters) == len(GARBAGE) + TOO_LATE
+    assert all(d.partition == 0 for d in letters)
+    # The garbage, byte for byte, at the offsets it was published at (after
+    # the data set's events, on the one partition).
+    garbage = [d for d in letters if not d.reason.startswith("late:")]
+    assert [d.payload for d in garbage] == GARBAGE
+    first = run.summary["counts"]["events_read"] - ALLOWED_LATE - TOO_LATE - 3
+    assert [d.offset for d in garbage] == [first, first + 1, first + 2]
     counts = run.summary["counts"]
     assert (
         counts["events_read"] == counts["events_valid"] + counts["events_dead_lettered"]

@@ -3,6 +3,7 @@
     python -m trainer.daemon --topic examples --group gem-trainer \\
         --checkpoint-dir ckpt/ [--model gem --preset tiny] [--idle-seconds 10] \\
         [--metrics-jsonl m.jsonl --prometheus-port 9108 --tensorboard tb/] \\
+        [--metrics-address 127.0.0.1] [--start-fresh] \\
         [--kafka-bootstrap HOST:PORT ...]
     torchrun --nproc-per-node 2 -m trainer.daemon ...   # data parallel, gloo
 
@@ -11,7 +12,16 @@ partitions → all-gather who has what → score before training (progressive
 validation) → one step → mark offsets → checkpoint every N steps. Exactly
 once: model, optimizer, RNG, metrics and next offsets are one atomic
 checkpoint; a restart seeks to those offsets (:mod:`trainer.kafka_source`).
-SIGTERM/SIGINT: finish the step, checkpoint, exit 0. ``--idle-seconds``
+Checkpoints are verified on load (:mod:`trainer.checkpoint`): a corrupt one
+is set aside and the previous one used; when checkpoint files exist but none
+verifies, the daemon exits 2 with one line saying what to do, unless
+``--start-fresh`` (then a new model reads the topic from its earliest
+offsets). Run-wide counters (records, examples, dead letters) live in the
+checkpoint, so they count the whole run across restarts. A checkpoint that
+cannot be written (a full disk) is logged as an error naming the checkpoint
+kept; training goes on and the next one retries; if the final one fails the
+daemon exits 3. SIGTERM/SIGINT: finish the step, checkpoint, commit the
+offsets to the group, exit 0. ``--idle-seconds``
 makes the run bounded: it ends once every rank saw nothing for that long.
 Every way out of the loop (signal, idle, ``--max-steps``, a rank's consumer
 failing) is decided from the all-gathered records, so all ranks leave at the
@@ -67,7 +77,12 @@ import torch
 import torch.distributed as dist
 
 from features.kafka import KafkaSettings, add_kafka_arguments, kafka_cluster
-from trainer.checkpoint import load_latest, save_checkpoint
+from trainer.checkpoint import (
+    CheckpointWriteError,
+    NoUsableCheckpointError,
+    resume_state,
+    save_checkpoint,
+)
 from trainer.config import preset as preset_config
 from trainer.kafka_source import KafkaSource
 from trainer.models.base_rate import BaseRateOffset, prior_logits
@@ -91,6 +106,8 @@ APPLIED_LOG_ENV = "GEM_DAEMON_APPLIED_LOG"
 # Per-rank record exchanged every iteration (see the module docstring).
 HAS_BATCH, EXAMPLES, PARTITION, OFFSET, STOP, DRAINED, READY, FAILED = range(8)
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+EXIT_NO_CHECKPOINT = 2
+EXIT_CHECKPOINT_WRITE = 3
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -114,6 +131,8 @@ class DaemonConfig:
     window_examples: int = 2000
     metrics_jsonl: Path | None = None
     prometheus_port: int = 0
+    metrics_address: str = "127.0.0.1"
+    start_fresh: bool = False
     tensorboard_dir: Path | None = None
     plot: Path | None = None
     prior_click_rate: float = 0.02
@@ -174,6 +193,12 @@ def run(config: DaemonConfig, settings: KafkaSettings) -> dict[str, Any]:
         # TorchRec's sharded modules need a process group, even of one.
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
+    # Before the model is built: a directory to refuse is refused at once.
+    loaded = resume_state(
+        config.checkpoint_dir, start_fresh=config.start_fresh, set_aside=rank == 0
+    )
+    if loaded is not None:
+        _check_run(loaded[0], loaded[1], config)
     stop = _Stop()
     torch.manual_seed(config.seed)
     # Start every task's output at a prior rate: progressive validation scores
@@ -197,12 +222,14 @@ def run(config: DaemonConfig, settings: KafkaSettings) -> dict[str, Any]:
     )
     metrics = ProgressiveMetrics(config.window_examples)
     step, examples, offsets, lineage = 0, 0, {}, None
-    loaded = load_latest(config.checkpoint_dir)
+    records, dead_letters = 0, 0  # run-wide: every record applied, poison included
     if loaded is not None:
         state, path = loaded
         strategy.load_full_state(state)
         torch.set_rng_state(state["rng"])
         step, examples = int(state["step"]), int(state["examples"])
+        records = int(state.get("records", 0))
+        dead_letters = int(state.get("dead_letters", 0))
         offsets = {int(p): int(o) for p, o in state["offsets"].items()}
         lineage = state["lineage"]
         ranks = state["metrics"]
@@ -228,10 +255,13 @@ def run(config: DaemonConfig, settings: KafkaSettings) -> dict[str, Any]:
         queue_size=config.queue_size,
         dead_letter=config.dead_letter,
         pin_memory=on_gpu,
+        # A new model beside unusable checkpoints has seen none of the topic.
+        start_at_earliest=loaded is None and config.start_fresh,
     ).start()
     reporter = Reporter(
         jsonl=config.metrics_jsonl,
         prometheus_port=config.prometheus_port,
+        prometheus_address=config.metrics_address,
         tensorboard_dir=config.tensorboard_dir,
         enabled=rank == 0,
     )
@@ -241,9 +271,12 @@ def run(config: DaemonConfig, settings: KafkaSettings) -> dict[str, Any]:
     loss = torch.zeros(())
     failure: RuntimeError | None = None  # this rank's consumer thread died
     failed: list[int] = []  # ranks whose consumer died (from the records)
+    final_written = False
+    last_good = loaded[1] if loaded is not None else None
 
-    def checkpoint() -> None:
-        nonlocal lineage, applied
+    def checkpoint(final: bool = False) -> bool:
+        """Write one; False (logged, state untouched) when it cannot be written."""
+        nonlocal lineage, applied, last_good
         states = [metrics.state_dict()]
         if distributed:  # every rank's metrics; the offsets are already global
             states = [None] * world
@@ -262,6 +295,7 @@ def run(config: DaemonConfig, settings: KafkaSettings) -> dict[str, Any]:
         started = time.perf_counter()
         full = strategy.full_state()  # a collective when sharded: every rank
         gathered = time.perf_counter()
+        written = True
         if rank == 0:
             applied_log = os.environ.get(APPLIED_LOG_ENV)
             if applied_log:  # before the rename: an orphan entry is harmless
@@ -275,35 +309,57 @@ def run(config: DaemonConfig, settings: KafkaSettings) -> dict[str, Any]:
                     file.write(json.dumps(entry) + "\n")
                     file.flush()
                     os.fsync(file.fileno())
-            path = save_checkpoint(
-                config.checkpoint_dir,
-                {
-                    **full,
-                    "sharding": config.sharding,
-                    "rng": torch.get_rng_state(),
-                    "step": step,
-                    "examples": examples,
-                    "offsets": {str(p): o for p, o in source.offsets().items()},
-                    "metrics": states,
-                    "lineage": new_id,
-                    "parent": lineage or "",
-                    "topic": config.topic,
-                    "world_size": world,
-                    "param_checksums": [t.tolist() for t in sums],
-                },
-                keep=config.keep,
-            )
-            log.info(
-                "checkpoint step %d: %.2f MB, gather %.3f s, write %.3f s",
-                step,
-                path.stat().st_size / 1e6,
-                gathered - started,
-                time.perf_counter() - gathered,
-            )
+            try:
+                path = save_checkpoint(
+                    config.checkpoint_dir,
+                    {
+                        **full,
+                        "sharding": config.sharding,
+                        "rng": torch.get_rng_state(),
+                        "step": step,
+                        "examples": examples,
+                        "records": records,
+                        "dead_letters": dead_letters,
+                        "offsets": {str(p): o for p, o in source.offsets().items()},
+                        "metrics": states,
+                        "lineage": new_id,
+                        "parent": lineage or "",
+                        "topic": config.topic,
+                        "run": _run_identity(config),
+                        "world_size": world,
+                        "param_checksums": [t.tolist() for t in sums],
+                    },
+                    keep=config.keep,
+                )
+            except CheckpointWriteError as error:
+                written = False
+                log.error(
+                    "checkpoint step %d NOT written: %s; %s",
+                    step,
+                    error,
+                    "stopping"
+                    if final
+                    else "training goes on, the next checkpoint retries",
+                )
+            else:
+                last_good = path
+                log.info(
+                    "checkpoint step %d: %.2f MB, gather %.3f s, write %.3f s",
+                    step,
+                    path.stat().st_size / 1e6,
+                    gathered - started,
+                    time.perf_counter() - gathered,
+                )
         if distributed:
-            dist.barrier()  # sync point: the checkpoint is durable before commits
+            # Sync point: the checkpoint is durable (or known lost) before commits.
+            outcome = torch.tensor([int(written)], device=device)
+            dist.broadcast(outcome, 0)
+            written = bool(outcome.item())
+        if not written:
+            return False  # its records go into the next checkpoint's lineage
         lineage, applied = new_id, []
         source.request_commit()
+        return True
 
     def report() -> None:
         # .item() is a host sync point: only at the log cadence and the end.
@@ -311,7 +367,7 @@ def run(config: DaemonConfig, settings: KafkaSettings) -> dict[str, Any]:
             step=step,
             examples=examples,
             loss=float(loss.item()),
-            dead_letters=source.dead_letters,
+            dead_letters=dead_letters,
             metrics=metrics,
         )
 
@@ -378,8 +434,11 @@ def run(config: DaemonConfig, settings: KafkaSettings) -> dict[str, Any]:
             for r in everyone:
                 if int(r[PARTITION]) >= 0:
                     source.mark(int(r[PARTITION]), int(r[OFFSET]) + 1)
+                    records += 1
                     if int(r[HAS_BATCH]):
                         applied.append([int(r[PARTITION]), int(r[OFFSET])])
+                    else:
+                        dead_letters += 1
             source.iteration_done()
             stepped = int(any(int(r[HAS_BATCH]) for r in everyone))
             if stepped and step % config.log_every == 0:
@@ -397,7 +456,7 @@ def run(config: DaemonConfig, settings: KafkaSettings) -> dict[str, Any]:
                 checkpoint()
         # Every rank is here at the same step. A failed consumer does not
         # spoil the state: offsets are marked only for applied records.
-        checkpoint()
+        final_written = checkpoint(final=True)
         report()
     finally:
         source.close()
@@ -412,16 +471,42 @@ def run(config: DaemonConfig, settings: KafkaSettings) -> dict[str, Any]:
         raise failure
     if failed:
         raise RuntimeError(f"stopped: the Kafka consumer of rank(s) {failed} failed")
+    if not final_written:
+        raise CheckpointWriteError(
+            f"the final checkpoint (step {step}) could not be written to "
+            f"{config.checkpoint_dir}; free space there and restart: the last good "
+            f"checkpoint, {last_good.name if last_good else '(none)'}, is kept "
+            "and the records since it are replayed"
+        )
     log.info("rank %d stopped at step %d (%d examples)", rank, step, examples)
     return {
         "step": step,
         "examples": examples,
-        "dead_letters": source.dead_letters,
+        "records": records,
+        "dead_letters": dead_letters,
         "metrics": final.table("lifetime"),
         "window": final.table("last_window"),
         "png": str(png) if png else None,
         "offsets": source.offsets(),
     }
+
+
+def _run_identity(config: DaemonConfig) -> dict[str, str]:
+    """What a checkpoint must match to be resumed by this run."""
+    return {"topic": config.topic, "model": config.model, "preset": config.preset}
+
+
+def _check_run(state: dict[str, Any], path: Path, config: DaemonConfig) -> None:
+    """A verified checkpoint of another topic or model is no place to resume."""
+    identity = state.get("run", {"topic": state.get("topic", config.topic)})
+    wanted = _run_identity(config)
+    differs = {k: v for k, v in identity.items() if wanted.get(k) != v}
+    if differs:
+        raise NoUsableCheckpointError(
+            f"checkpoint {path} belongs to another run ({differs}, this run has "
+            f"{ {k: wanted[k] for k in differs} }); point --checkpoint-dir at "
+            "this run's directory"
+        )
 
 
 def run_daemon_until_drained(
@@ -477,6 +562,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window-examples", type=int, default=2000)
     parser.add_argument("--metrics-jsonl", type=Path)
     parser.add_argument("--prometheus-port", type=int, default=0)
+    parser.add_argument(
+        "--metrics-address",
+        default="127.0.0.1",
+        help="address the Prometheus endpoint listens on (0.0.0.0: every interface)",
+    )
+    parser.add_argument(
+        "--start-fresh",
+        action="store_true",
+        help="when no checkpoint in --checkpoint-dir verifies, train a new "
+        "model from the topic's earliest offsets instead of refusing to start",
+    )
     parser.add_argument("--tensorboard", type=Path, dest="tensorboard_dir")
     parser.add_argument("--plot", type=Path, help="PNG of the curves at the end")
     parser.add_argument(
@@ -523,6 +619,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with kafka_cluster(settings) as cluster:
             result = run(DaemonConfig(**fields), cluster)
+    except NoUsableCheckpointError as error:
+        print(f"trainer.daemon: refusing to start: {error}", file=sys.stderr)
+        return EXIT_NO_CHECKPOINT
+    except CheckpointWriteError as error:
+        print(f"trainer.daemon: {error}", file=sys.stderr)
+        return EXIT_CHECKPOINT_WRITE
     finally:
         # Every rank, also when run raised after its collective stop.
         if dist.is_initialized():
@@ -530,7 +632,10 @@ def main(argv: list[str] | None = None) -> int:
     if int(os.environ.get("RANK", "0")) == 0:
         print(
             json.dumps(
-                {k: result[k] for k in ("step", "examples", "dead_letters", "png")}
+                {
+                    k: result[k]
+                    for k in ("step", "examples", "records", "dead_letters", "png")
+                }
             )
         )
     return 0

@@ -12,13 +12,23 @@ group assigns partitions, the rebalance listener seeks each one to that
 next-offset map (initialised from the checkpoint). Kafka commits happen only
 after a checkpoint is durable and are advisory (lag dashboards): the
 checkpoint is the source of truth. A partition unknown to the map starts at
-the group's committed offset, else the earliest.
+the group's committed offset, else the earliest (always the earliest with
+``start_at_earliest``: a new model beside unusable checkpoints). The last
+requested commit is sent before the consumer closes.
 
 Poison: a message that does not decode, or whose ids are out of range
 (``make_batch`` raises ValueError), becomes a dead letter (topic
 ``<topic>.dead-letter`` or a JSONL file) with partition, offset and reason,
 and an :class:`Item` with ``batch=None`` so the loop still advances past it.
-Dead letters are at-least-once: a crash before the next checkpoint re-sends.
+Whatever a record holds, decoding it never raises: any error becomes the
+dead letter's reason. Dead letters are at-least-once: a crash before the next
+checkpoint re-sends. The dead-letter producer allows records as large as the
+dead-letter topic does (its ``max.message.bytes``, else the broker's
+``message.max.bytes``); a larger letter is sent truncated to fit, its
+headers carrying the original length and SHA-256 and ``truncated=true``
+(:meth:`features.deadletter.DeadLetter.truncated_to`), so one huge poison
+message is set aside like any other and the stream goes on. A dead-letter
+write that fails (broker away) is retried with backoff, never skipped.
 
 Outages: a failing poll, or a failing liveness probe while no records come,
 is retried with exponential backoff and logged; the idle clock (used to
@@ -39,7 +49,7 @@ from typing import Any, Final
 
 from features.deadletter import DeadLetter
 from features.example_messages import decode_example_message
-from features.kafka.settings import KafkaSettings
+from features.kafka.settings import MAX_MESSAGE_BYTES, KafkaSettings
 from trainer.batch import Batch
 from trainer.inputs import make_batch
 
@@ -49,6 +59,11 @@ PROBE_EVERY_S: Final = 1.0
 PROBE_TIMEOUT_MS: Final = 1500
 MAX_BACKOFF_S: Final = 30.0
 FENCE_TIMEOUT_S: Final = 10.0
+# Apache Kafka's default message.max.bytes, for a cluster that will not say.
+KAFKA_DEFAULT_MESSAGE_BYTES: Final = 1_048_588
+# Room for the record batch framing and the dead letter's headers.
+DEAD_LETTER_OVERHEAD_BYTES: Final = 16 * 1024
+MAX_REASON_CHARS: Final = 2000
 
 
 @dataclass(frozen=True)
@@ -88,6 +103,8 @@ class KafkaSource:
         dead_letter: a topic name, or a path ending in ``.jsonl``; default
             ``<topic>.dead-letter``.
         poll_ms: poll timeout of the background thread.
+        start_at_earliest: partitions missing from ``offsets`` start at their
+            earliest offset, not at the group's committed one.
     """
 
     def __init__(
@@ -103,6 +120,7 @@ class KafkaSource:
         poll_ms: int = 100,
         pin_memory: bool = False,
         keep_examples: bool = False,
+        start_at_earliest: bool = False,
         decode_record: Callable[
             [bytes, list[tuple[str, bytes]]], tuple[Any, str | None]
         ]
@@ -115,6 +133,7 @@ class KafkaSource:
         self.keep_examples = keep_examples
         self.decode_record = decode_record
         self.pin_memory = pin_memory
+        self.start_at_earliest = start_at_earliest
         self.topic = topic
         self.group = group
         self.max_seq_len = max_seq_len
@@ -201,7 +220,8 @@ class KafkaSource:
         )
 
     def close(self) -> None:
-        """Stop the thread and close the consumer (commits nothing)."""
+        """Stop the thread and close the consumer, sending the last requested
+        commit (:meth:`request_commit`) first."""
         self._closing.set()
         with self._lock:
             self._lock.notify_all()
@@ -253,6 +273,8 @@ class KafkaSource:
                 for tp in assigned:
                     if tp.partition in known:
                         consumer.seek(tp, known[tp.partition])
+                    elif source.start_at_earliest:
+                        consumer.seek_to_beginning(tp)
                 log.info(
                     "assigned %s; starting at %s",
                     sorted(source._assigned),
@@ -267,7 +289,7 @@ class KafkaSource:
                 group_id=self.group,
                 enable_auto_commit=False,
                 auto_offset_reset="earliest",
-                max_partition_fetch_bytes=16 * 1024 * 1024,
+                max_partition_fetch_bytes=MAX_MESSAGE_BYTES,
             )
         )
         consumer.subscribe([self.topic], listener=Listener())
@@ -314,6 +336,10 @@ class KafkaSource:
                         self._last_activity = time.monotonic()
                         self._put(self._decode(tp.partition, message))
         finally:
+            try:
+                self._flush_commit(consumer)  # a clean exit's last checkpoint
+            except KafkaError as error:
+                log.warning("last offset commit not sent (%s): advisory only", error)
             consumer.close(autocommit=False)
             if hasattr(self, "_producer"):
                 self._producer.close()
@@ -334,6 +360,16 @@ class KafkaSource:
 
     def _decode(self, partition: int, message: Any) -> Item:
         """Record → Item; poison becomes a dead letter and an empty Item."""
+        try:
+            return self._decode_or_raise(partition, message)
+        except Exception as error:  # outside bytes must never stop the reader
+            reason = f"undecodable ({type(error).__name__}: {error})"
+            self._set_aside(partition, message, reason)
+            with self._lock:
+                generation = self._generation
+            return Item(partition, message.offset, None, generation)
+
+    def _decode_or_raise(self, partition: int, message: Any) -> Item:
         headers = [(k, v) for k, v in (message.headers or [])]
         if self.decode_record is not None:
             payload, why = self.decode_record(message.value or b"", headers)
@@ -377,6 +413,8 @@ class KafkaSource:
                 continue  # bounded: the step is behind; wait for it
 
     def _set_aside(self, partition: int, message: Any, reason: str) -> None:
+        if len(reason) > MAX_REASON_CHARS:  # it travels in a header: keep it small
+            reason = reason[:MAX_REASON_CHARS] + "..."
         letter = DeadLetter(
             source=self.topic,
             partition=partition,
@@ -385,22 +423,111 @@ class KafkaSource:
             payload=message.value or b"",
         )
         log.warning(
-            "dead letter %s/%d@%d: %s", self.topic, partition, message.offset, reason
+            "dead letter %s/%d@%d (%d bytes): %s",
+            self.topic,
+            partition,
+            message.offset,
+            letter.payload_length,
+            reason,
         )
         self.dead_letters += 1
+        backoff = 0.5
+        # Retried until written: a dead letter is never skipped, and the
+        # record's offset is marked only once its letter is out.
+        while not self._closing.is_set():
+            try:
+                self._write_dead_letter(letter)
+                return
+            except Exception as error:
+                log.warning(
+                    "dead letter %s/%d@%d not written (%s: %s); retrying in %.1f s",
+                    self.topic,
+                    partition,
+                    message.offset,
+                    type(error).__name__,
+                    error,
+                    backoff,
+                )
+                self._closing.wait(backoff)
+                backoff = min(backoff * 2, MAX_BACKOFF_S)
+
+    def _write_dead_letter(self, letter: DeadLetter) -> None:
         if self.dead_letter.endswith(".jsonl"):
             with open(Path(self.dead_letter), "a") as file:
                 file.write(letter.to_json() + "\n")
             return
+        from kafka.errors import MessageSizeTooLargeError
+
         if not hasattr(self, "_producer"):
             from kafka import KafkaProducer
 
             from features.kafka.topics import ensure_topics
 
             ensure_topics(self.settings, {self.dead_letter: 1})
-            self._producer = KafkaProducer(**self.settings.client_config(), acks="all")
-        self._producer.send(
-            self.dead_letter,
-            value=letter.payload,
-            headers=letter.kafka_headers(),
-        ).get(timeout=10)
+            limit = self._dead_letter_topic_limit()
+            self._dead_letter_payload_bytes = max(0, limit - DEAD_LETTER_OVERHEAD_BYTES)
+            self._producer = KafkaProducer(
+                **self.settings.client_config(), acks="all", max_request_size=limit
+            )
+        sent = letter.truncated_to(self._dead_letter_payload_bytes)
+        while True:
+            if sent.truncated:
+                log.warning(
+                    "dead letter %s/%s@%d truncated to %d of %d bytes to fit %s",
+                    letter.source,
+                    letter.partition,
+                    letter.offset,
+                    len(sent.payload),
+                    letter.payload_length,
+                    self.dead_letter,
+                )
+            try:
+                self._producer.send(
+                    self.dead_letter, value=sent.payload, headers=sent.kafka_headers()
+                ).get(timeout=10)
+                return
+            except MessageSizeTooLargeError:
+                if not sent.payload:
+                    raise
+                # The broker counts more than the estimate: halve and resend.
+                sent = letter.truncated_to(len(sent.payload) // 2)
+
+    def _dead_letter_topic_limit(self) -> int:
+        """The largest record the dead-letter topic accepts, in bytes."""
+        from kafka.admin import ConfigResource, ConfigResourceType, KafkaAdminClient
+
+        admin = KafkaAdminClient(**self.settings.client_config())
+        try:
+            topic = admin.describe_configs(
+                [ConfigResource(ConfigResourceType.TOPIC, self.dead_letter)],
+                config_filter="all",
+            )
+            value = (
+                topic.get("topic", {})
+                .get(self.dead_letter, {})
+                .get("max.message.bytes", {})
+                .get("value")
+            )
+            if value is None:
+                broker_id = admin.describe_cluster()["brokers"][0]["broker_id"]
+                broker = admin.describe_configs(
+                    [ConfigResource(ConfigResourceType.BROKER, str(broker_id))],
+                    config_filter="all",
+                )
+                value = (
+                    next(iter(broker.get("broker", {}).values()), {})
+                    .get("message.max.bytes", {})
+                    .get("value")
+                )
+        except Exception as error:
+            log.warning(
+                "cannot read max.message.bytes of %s (%s); assuming Kafka's default",
+                self.dead_letter,
+                error,
+            )
+            value = None
+        finally:
+            admin.close()
+        limit = int(value) if value else KAFKA_DEFAULT_MESSAGE_BYTES
+        log.info("dead letters to %s: records up to %d bytes", self.dead_letter, limit)
+        return limit

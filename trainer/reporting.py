@@ -1,7 +1,8 @@
 """What the daemon tells the outside world, all from rank 0.
 
 - JSON lines (one object per log interval) to a file;
-- Prometheus gauges on ``/metrics`` (``prometheus_client``; port 0 = off);
+- Prometheus gauges on ``/metrics`` (``prometheus_client``; port 0 = off),
+  on the loopback interface unless an address says otherwise;
 - TensorBoard scalars (``SummaryWriter``) when a log dir is given;
 - a one-line progress bar (tqdm) only when stdout is a TTY;
 - at the end of a bounded run, a PNG of the windowed NE curves per domain
@@ -26,6 +27,8 @@ class Reporter:
     Args:
         jsonl: JSON-lines file (appended to: restarts continue it).
         prometheus_port: serve ``/metrics`` there; 0 disables it.
+        prometheus_address: the interface to listen on; loopback by default,
+            so metrics are not exposed to the network without being asked.
         tensorboard_dir: SummaryWriter log dir; None disables it.
         enabled: False on ranks other than 0 (every call is then a no-op).
     """
@@ -35,6 +38,7 @@ class Reporter:
         *,
         jsonl: Path | None = None,
         prometheus_port: int = 0,
+        prometheus_address: str = "127.0.0.1",
         tensorboard_dir: Path | None = None,
         enabled: bool = True,
     ) -> None:
@@ -43,6 +47,8 @@ class Reporter:
         self._jsonl = open(jsonl, "a") if jsonl and enabled else None
         self._gauges: dict[str, Any] = {}
         self.prometheus_port = 0
+        self.prometheus_address: str | None = None
+        self._server: Any = None
         if prometheus_port and enabled:
             from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
@@ -64,8 +70,12 @@ class Reporter:
                 self._gauges[name] = Gauge(
                     f"gem_trainer_{name}", doc, registry=self._registry
                 )
-            server, _ = start_http_server(prometheus_port, registry=self._registry)
+            server, _ = start_http_server(
+                prometheus_port, addr=prometheus_address, registry=self._registry
+            )
+            self._server = server
             self.prometheus_port = server.server_port
+            self.prometheus_address = str(server.server_address[0])
         self._tb = None
         if tensorboard_dir and enabled:
             from torch.utils.tensorboard import SummaryWriter
@@ -168,9 +178,13 @@ class Reporter:
         return path
 
     def close(self) -> None:
-        """Flush and close every sink."""
+        """Flush and close every sink (and stop serving ``/metrics``)."""
         if self._jsonl:
             self._jsonl.close()
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
         if self._tb is not None:
             self._tb.close()
         if self._bar is not None:

@@ -3,7 +3,10 @@
 Inputs are checked before the pipeline is built (:func:`check_inputs`), so a
 missing, truncated or foreign file fails at once with a message naming it
 instead of deep inside a runner's stack trace; the read DoFns wrap any later
-read error the same way (:class:`InputFileError`).
+read error the same way (:class:`InputFileError`). Which files are events,
+and how their lines and rows are numbered, is :mod:`pipelines.event_files`,
+shared with the reference. A bad line or row is no read error: it is a dead
+letter (:mod:`pipelines.beam.validate`).
 
 Outputs are written through ``apache_beam.io.filesystems.FileSystems``, so the
 same code writes to a local disk, GCS or S3, from any runner. Every part file
@@ -49,27 +52,16 @@ from pipelines.beam.kernels import (
 )
 from pipelines.beam.memory import reuse_freed_memory
 from pipelines.beam.validate import METRICS_NAMESPACE, RawEvents
+from pipelines.event_files import (
+    PARQUET_BATCH_ROWS,
+    InputFileError,
+    event_files,
+    jsonl_payloads,
+    row_payloads,
+)
 
-PARQUET_BATCH_ROWS: Final = 262_144
 JSONL_BATCH_LINES: Final = 65_536
 DAY_MS: Final = 86_400_000
-EVENT_SUFFIXES: Final = (".parquet", ".jsonl")
-
-
-class InputFileError(ValueError):
-    """An input file is missing, unreadable or not what it should be."""
-
-
-def event_files(input_dir: str, *, required: bool = True) -> list[str]:
-    """Event files under ``input_dir/events`` (any depth), sorted."""
-    root = Path(input_dir) / "events"
-    if not root.is_dir():
-        if not required:
-            return []
-        raise InputFileError(f"{root}: no events directory in --input {input_dir}")
-    return sorted(
-        str(p) for p in root.rglob("*") if p.is_file() and p.suffix in EVENT_SUFFIXES
-    )
 
 
 def check_inputs(input_dir: str, *, events_required: bool = True) -> list[str]:
@@ -132,31 +124,37 @@ class ReadEventFileFn(beam.DoFn):  # type: ignore[misc]
 def _parquet_batches(path: str) -> Iterator[RawEvents]:
     with FileSystems.open(path) as handle:
         parquet = pq.ParquetFile(handle)
-        offset = 0
+        offset = 1  # row numbers, like line numbers, start at 1
         for batch in parquet.iter_batches(
             batch_size=PARQUET_BATCH_ROWS, columns=list(EVENT_COLUMNS)
         ):
-            table = pa.Table.from_batches([batch]).cast(EVENT_SCHEMA)
-            yield RawEvents(path, offset, table=table)
+            table = pa.Table.from_batches([batch])
+            try:
+                events = RawEvents(path, offset, table=table.cast(EVENT_SCHEMA))
+            except pa.ArrowException:
+                # Foreign column types: row by row (pipelines.event_files).
+                events = RawEvents(path, offset, payloads=tuple(row_payloads(table)))
+            yield events
             offset += table.num_rows
 
 
 def _jsonl_batches(path: str) -> Iterator[RawEvents]:
     with FileSystems.open(path) as handle:
         lines: list[bytes] = []
-        first = number = 0
-        for number, line in enumerate(handle, start=1):
-            body = line.rstrip(b"\r\n")
-            if not body.strip():
-                continue  # blank lines hold no event
-            if not lines:
-                first = number
+        numbers: list[int] = []
+        for number, body in jsonl_payloads(handle):
             lines.append(body)
+            numbers.append(number)
             if len(lines) == JSONL_BATCH_LINES:
-                yield RawEvents(path, first, payloads=tuple(lines))
-                lines = []
+                yield _line_batch(path, lines, numbers)
+                lines, numbers = [], []
         if lines:
-            yield RawEvents(path, first, payloads=tuple(lines))
+            yield _line_batch(path, lines, numbers)
+
+
+def _line_batch(path: str, lines: list[bytes], numbers: list[int]) -> RawEvents:
+    """A batch of lines with their own numbers (blank lines leave gaps)."""
+    return RawEvents(path, numbers[0], payloads=tuple(lines), offsets=tuple(numbers))
 
 
 class ReadEvents(beam.PTransform):  # type: ignore[misc]
@@ -480,7 +478,8 @@ class WriteFeatureTablesFn(BackgroundWriteFn):
 
 
 class WriteDeadLetters(beam.PTransform):  # type: ignore[misc]
-    """``dead_letters/part-SSSSS-of-NNNNN.jsonl``: one JSON line per rejected event."""
+    """``dead_letters/part-SSSSS-of-NNNNN.jsonl``: one ``DeadLetter.to_json()``
+    line per rejected event."""
 
     def __init__(self, output: str) -> None:
         super().__init__()

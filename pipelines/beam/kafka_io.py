@@ -80,7 +80,6 @@ class ReadPartitionFn(beam.DoFn):  # type: ignore[misc]
                 max_partition_fetch_bytes=8 * 1024 * 1024,
             )
         )
-        source = f"{topic}/{partition}"
         try:
             consumer.assign([tp])
             committed = consumer.committed(tp)
@@ -90,23 +89,35 @@ class ReadPartitionFn(beam.DoFn):  # type: ignore[misc]
                 consumer.seek(tp, committed)
             end = consumer.end_offsets([tp])[tp]
             batch: list[bytes] = []
-            first = consumer.position(tp)
+            offsets: list[int] = []
             # The position, not the last offset seen, decides: transaction
-            # markers and compacted gaps hold offsets no record is read at.
+            # markers and compacted gaps hold offsets no record is read at
+            # (which is also why each message keeps its own offset).
             while consumer.position(tp) < end:
                 records = consumer.poll(timeout_ms=POLL_MS, max_records=10_000)
                 for message in records.get(tp, ()):
-                    if not batch:
-                        first = message.offset
                     batch.append(message.value or b"")
+                    offsets.append(message.offset)
                     if len(batch) >= BATCH_MESSAGES:
-                        yield RawEvents(source, first, payloads=tuple(batch))
-                        batch = []
+                        yield _message_batch(topic, partition, batch, offsets)
+                        batch, offsets = [], []
             if batch:
-                yield RawEvents(source, first, payloads=tuple(batch))
+                yield _message_batch(topic, partition, batch, offsets)
             consumer.commit()
         finally:
             consumer.close()
+
+
+def _message_batch(
+    topic: str, partition: int, values: list[bytes], offsets: list[int]
+) -> RawEvents:
+    return RawEvents(
+        topic,
+        offsets[0],
+        payloads=tuple(values),
+        offsets=tuple(offsets),
+        partition=partition,
+    )
 
 
 class ReadKafkaEvents(beam.PTransform):  # type: ignore[misc]

@@ -2,9 +2,12 @@
 
 - ``DedupeEvents``: valid event batches -> ``(shard, events)``: every user's
   events in one shard (hash of ``user_id`` mod ``--shards``), each
-  ``event_id`` once, sorted by ``(user_id, event_time, event_id)``, the
-  timeline order. Duplicates are exact copies of one user's event, so the
-  user shard is a key-based shuffle that sees all copies.
+  ``event_id`` once (its winning copy, :mod:`features.duplicates`), sorted by
+  ``(user_id, event_time, event_id)``, the timeline order. Copies under one
+  user meet in the user's shard; copies under several users do not, so a
+  small projection of every event (id, user, time) is shuffled by id to find
+  those ids and their winning user and time, which each shard applies before
+  its own deduplication. The events themselves cross one shuffle only.
 - ``BuildTimelines``: ``(shard, events)`` -> ``(shard, timelines)`` in
   :data:`~features.examples.TIMELINE_SCHEMA`, one row per user.
 - ``WriteUserSequences``: ``(shard, timelines)`` -> the ``user_sequence``
@@ -50,7 +53,16 @@ from pipelines.beam.arrow import (
     vocabulary_codes,
 )
 from pipelines.beam.io import BackgroundWriteFn, ParquetFileWriter
-from pipelines.beam.kernels import PLAIN_COLUMNS, first_of_each, timeline_order
+from pipelines.beam.kernels import (
+    ID_PROJECTION_SCHEMA,
+    PLAIN_COLUMNS,
+    copy_winners,
+    drop_losing_copies,
+    id_buckets,
+    id_projection,
+    timeline_order,
+    winning_copies,
+)
 from pipelines.beam.parallel import PooledDoFn
 from pipelines.beam.validate import METRICS_NAMESPACE
 
@@ -66,22 +78,28 @@ TIMELINE_ORDER = [
 def dedupe_events(events: pa.Table) -> pa.Table:
     """Each event_id once, sorted by ``(user_id, event_time, event_id)``.
 
-    Of copies that differ (they should not), the first in that order is kept,
-    so the result does not depend on the order batches arrived in.
+    The copy kept is the contract's winner among ``events``
+    (:func:`~pipelines.beam.kernels.winning_copies`), so the result does not
+    depend on the order batches arrived in.
     """
+    keep = winning_copies(events)
+    if not keep.all():
+        events = events.filter(pa.array(keep))
     order = timeline_order(
         [to_int64(events.column("user_id")), to_int64(events.column("event_time"))],
         events.column("event_id"),
     )
-    ids = events.column("event_id").take(pa.array(order))
-    first = first_of_each(ids)
-    if first.size < order.size:
-        order = order[first]
     return events.take(pa.array(order))
 
 
+ID_PROJECTIONS = "id_projections"
+"""Tagged output of :class:`ShardEventsFn`: ``(id bucket, projection IPC)``."""
+
+
 class ShardEventsFn(beam.DoFn):  # type: ignore[misc]
-    """Split batches of valid events by user shard.
+    """Split batches of valid events by user shard, and their
+    :func:`~pipelines.beam.kernels.id_projection` by id bucket (tagged
+    :data:`ID_PROJECTIONS`).
 
     Small batches (many small files, say one per day) are gathered up to
     :data:`SHARD_BATCH_ROWS` rows within a bundle first, so the shuffle
@@ -104,12 +122,15 @@ class ShardEventsFn(beam.DoFn):  # type: ignore[misc]
         if self._rows >= SHARD_BATCH_ROWS:
             yield from self._split()
 
-    def finish_bundle(self) -> Iterator[WindowedValue]:
+    def finish_bundle(self) -> Iterator[Any]:
         """Split what is left (the job runs in the global window)."""
         for element in self._split():
-            yield WindowedValue(element, MIN_TIMESTAMP, [GlobalWindow()])
+            if isinstance(element, beam.pvalue.TaggedOutput):
+                yield beam.pvalue.TaggedOutput(element.tag, _global(element.value))
+            else:
+                yield _global(element)
 
-    def _split(self) -> Iterator[ShardedIpc]:
+    def _split(self) -> Iterator[Any]:
         if not self._pending:
             return
         events = concat(self._pending, EVENT_SCHEMA)
@@ -117,26 +138,77 @@ class ShardEventsFn(beam.DoFn):  # type: ignore[misc]
         shards = shard_of(to_int64(events.column("user_id")), self._shards)
         for shard, part in split_by_shard(events, shards):
             yield shard, table_to_ipc(part)
+        ids = id_projection(events)
+        buckets = id_buckets(ids.column("event_id"), self._shards)
+        for bucket, part in split_by_shard(ids, buckets):
+            yield beam.pvalue.TaggedOutput(ID_PROJECTIONS, (bucket, _plain_ipc(part)))
+
+
+def _global(value: Any) -> WindowedValue:
+    return WindowedValue(value, MIN_TIMESTAMP, [GlobalWindow()])
+
+
+_PLAIN_IPC = pa.ipc.IpcWriteOptions(compression=None)
+
+
+def _plain_ipc(table: pa.Table) -> bytes:
+    """Uncompressed IPC: ids and times hardly compress (LZ4 would cost four
+    times the write, and the read, for half the bytes)."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema, options=_PLAIN_IPC) as writer:
+        writer.write_table(table)
+    return bytes(sink.getvalue())
+
+
+class CopyWinnersFn(beam.DoFn):  # type: ignore[misc]
+    """An id bucket's projections -> the winners of its ids whose copies
+    differ in user or time (:func:`~pipelines.beam.kernels.copy_winners`), as
+    IPC; nothing when there are none (almost always)."""
+
+    def process(self, element: tuple[int, Iterable[bytes]]) -> Iterator[bytes]:
+        """Gather the bucket's projections and find its conflicting ids."""
+        _, pieces = element
+        projection = concat([ipc_to_table(p) for p in pieces], ID_PROJECTION_SCHEMA)
+        winners = copy_winners(projection)
+        if winners.num_rows:
+            yield table_to_ipc(winners)
 
 
 class DedupeEventsFn(PooledDoFn):
     """A user shard's batches -> its distinct events in timeline order (on a
-    worker thread, :class:`~pipelines.beam.parallel.PooledDoFn`)."""
+    worker thread, :class:`~pipelines.beam.parallel.PooledDoFn`), without the
+    copies that lose to a copy of another user or time (the ``winners`` side
+    input, :class:`CopyWinnersFn`)."""
 
     def __init__(self) -> None:
         self.duplicates = Metrics.counter(METRICS_NAMESPACE, "duplicates_removed")
         self.distinct = Metrics.counter(METRICS_NAMESPACE, "events_distinct")
 
-    def prepare(self, element: tuple[int, Iterable[bytes]]) -> tuple[int, list[bytes]]:
-        """The shard's IPC batches, as a list."""
+    def process(
+        self,
+        element: tuple[int, Iterable[bytes]],
+        winners: list[bytes],
+        window: Any = beam.DoFn.WindowParam,
+    ) -> Iterator[Any]:
+        """Queue the shard's work with the winners of conflicting ids."""
         shard, batches = element
-        return shard, list(batches)
+        yield from self.submit((shard, list(batches), list(winners)), window)
 
-    def compute(self, element: tuple[int, list[bytes]]) -> tuple[int, pa.Table, int]:
-        """Concatenate, dedupe, sort; with the number of rows dropped."""
-        shard, batches = element
+    def compute(
+        self, element: tuple[int, list[bytes], list[bytes]]
+    ) -> tuple[int, pa.Table, int]:
+        """Concatenate, drop the copies that lose to another shard's, dedupe,
+        sort; with the number of rows dropped."""
+        shard, batches, winner_pieces = element
         events = concat([ipc_to_table(b) for b in batches], EVENT_SCHEMA)
-        distinct = dedupe_events(events)
+        if winner_pieces:
+            winners = concat(
+                [ipc_to_table(p) for p in winner_pieces], ID_PROJECTION_SCHEMA
+            )
+            kept = drop_losing_copies(events, winners)
+        else:
+            kept = events
+        distinct = dedupe_events(kept)
         return shard, distinct, events.num_rows - distinct.num_rows
 
     def emit(self, result: tuple[int, pa.Table, int]) -> Iterator[ShardedTable]:
@@ -155,14 +227,32 @@ class DedupeEvents(beam.PTransform):  # type: ignore[misc]
         self._shards = shards
 
     def expand(self, events: beam.PCollection) -> beam.PCollection:
-        """Shard by user, shuffle (Arrow IPC), dedupe each shard."""
-        return (
-            events
-            | "ShardByUser"
-            >> beam.ParDo(ShardEventsFn(self._shards)).with_output_types(ShardedIpc)
-            | "GroupShards" >> beam.GroupByKey()
-            | "Dedupe" >> beam.ParDo(DedupeEventsFn()).with_output_types(ShardedTable)
+        """Shard by user and id bucket, shuffle both (Arrow IPC), find the
+        winners of conflicting ids, dedupe each shard."""
+        sharded = events | "ShardByUser" >> beam.ParDo(
+            ShardEventsFn(self._shards)
+        ).with_outputs(ID_PROJECTIONS, main="events")
+        winners = (
+            sharded[ID_PROJECTIONS]
+            | "TypeProjections" >> beam.Map(_same).with_output_types(ShardedIpc)
+            | "GroupIdBuckets" >> beam.GroupByKey()
+            | "CopyWinners" >> beam.ParDo(CopyWinnersFn()).with_output_types(bytes)
         )
+        return (
+            sharded.events
+            | "TypeShards" >> beam.Map(_same).with_output_types(ShardedIpc)
+            | "GroupShards" >> beam.GroupByKey()
+            # The side input by position: the DoFn's process also takes the window.
+            | "Dedupe"
+            >> beam.ParDo(
+                DedupeEventsFn(), beam.pvalue.AsList(winners)
+            ).with_output_types(ShardedTable)
+        )
+
+
+def _same(element: Any) -> Any:
+    """Identity, applied with a type hint (a tagged output has none)."""
+    return element
 
 
 def event_categories(events: pa.Table, ads: pa.Table, contents: pa.Table) -> IntArray:

@@ -1,36 +1,41 @@
 """``ValidateEvents``: raw event batches in, valid event tables out, and dead letters.
 
 Parquet batches are validated whole with
-:func:`features.events.validate_event_table`; JSONL lines and Kafka messages
-one by one with :func:`features.events.decode_event` (then gathered into one
-table per batch). A rejected event is not an error: it leaves on the
-``dead_letters`` tagged output as one JSON line (its fields in the event wire
-format plus ``reason``; a payload that is not a JSON object is kept as
-``payload`` text), and is counted, so ``events_read = events_valid +
+:func:`features.events.event_table_reasons` (the rules of
+:func:`~features.events.validate_event_table`, a reason per row); JSONL
+lines and Kafka messages one by one with :func:`features.events.decode_event`
+(then gathered into one table per batch). A rejected event is not an error:
+it leaves on the ``dead_letters`` tagged output as one
+:meth:`features.deadletter.DeadLetter.to_json` line (where it came from: file
+and line or row, or topic, partition and offset; the reason; the original
+bytes: a JSONL line or Kafka message as read, a Parquet row as its wire
+JSON), and is counted, so ``events_read = events_valid +
 events_dead_lettered``.
 """
 
 from __future__ import annotations
 
-import json
 import pickle
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import apache_beam as beam
+import numpy as np
+import pandas as pd
 import pyarrow as pa
 from apache_beam import pvalue
 from apache_beam.metrics import Metrics
 
+from features.deadletter import DeadLetter
 from features.events import (
     EVENT_COLUMNS,
     EVENT_SCHEMA,
     decode_event,
     encode_event_table,
+    event_table_reasons,
     events_from_records,
     now_ms,
-    validate_event_table,
 )
 from pipelines.beam.arrow import ipc_to_table, table_to_ipc
 from pipelines.beam.parallel import PooledDoFn
@@ -47,16 +52,39 @@ class RawEvents:
     (JSONL lines or Kafka message values) is set.
 
     Attributes:
-        source: file or ``topic/partition`` it came from (for error messages).
-        first_offset: row, line or Kafka offset of the first event.
-        table: Parquet rows.
+        source: file or topic it came from.
+        first_offset: 1-based row or line number, or Kafka offset, of the
+            first event.
+        table: Parquet rows (numbered from ``first_offset`` on).
         payloads: wire messages, one event each.
+        offsets: each payload's line number or Kafka offset (blank lines
+            and transaction markers leave gaps); None: consecutive from
+            ``first_offset``.
+        partition: Kafka partition (None for files).
     """
 
     source: str
     first_offset: int
     table: pa.Table | None = None
     payloads: tuple[bytes, ...] | None = None
+    offsets: tuple[int, ...] | None = None
+    partition: int | None = None
+
+    def offset_of(self, index: int) -> int:
+        """Line, row or Kafka offset of the batch's ``index``-th event."""
+        if self.offsets is not None:
+            return self.offsets[index]
+        return self.first_offset + index
+
+    def dead_letter(self, index: int, reason: str, payload: bytes) -> DeadLetter:
+        """The dead letter of the batch's ``index``-th event."""
+        return DeadLetter(
+            source=self.source,
+            partition=self.partition,
+            offset=self.offset_of(index),
+            reason=reason,
+            payload=payload,
+        )
 
 
 class RawEventsCoder(beam.coders.Coder):  # type: ignore[misc]
@@ -70,16 +98,27 @@ class RawEventsCoder(beam.coders.Coder):  # type: ignore[misc]
     def encode(self, value: RawEvents) -> bytes:
         """Pickle the small fields, Arrow IPC the table."""
         table = None if value.table is None else table_to_ipc(value.table)
-        return pickle.dumps((value.source, value.first_offset, table, value.payloads))
+        return pickle.dumps(
+            (
+                value.source,
+                value.first_offset,
+                table,
+                value.payloads,
+                value.offsets,
+                value.partition,
+            )
+        )
 
     def decode(self, encoded: bytes) -> RawEvents:
         """Inverse of :meth:`encode`."""
-        source, first, table, payloads = pickle.loads(encoded)
+        source, first, table, payloads, offsets, partition = pickle.loads(encoded)
         return RawEvents(
             source,
             first,
             table=None if table is None else ipc_to_table(table),
             payloads=payloads,
+            offsets=offsets,
+            partition=partition,
         )
 
     def is_deterministic(self) -> bool:
@@ -94,22 +133,6 @@ class RawEventsCoder(beam.coders.Coder):  # type: ignore[misc]
 
 
 beam.coders.registry.register_coder(RawEvents, RawEventsCoder)
-
-
-def dead_letter_line(record: dict[str, Any] | None, payload: bytes, reason: str) -> str:
-    """The dead-letter JSON line of one rejected event.
-
-    Args:
-        record: the event's fields when the payload was a JSON object.
-        payload: the original bytes (kept as text when not an object).
-        reason: why it was rejected.
-    """
-    if record is None:
-        body: dict[str, Any] = {"payload": payload.decode("utf-8", "replace")}
-    else:
-        body = dict(record)
-    body["reason"] = reason
-    return json.dumps(body, separators=(",", ":"), ensure_ascii=False)
 
 
 class ValidateEventsFn(PooledDoFn):
@@ -127,25 +150,20 @@ class ValidateEventsFn(PooledDoFn):
         """The valid rows, the dead-letter lines, and the events read."""
         now = self._now if self._now is not None else now_ms()
         lines: list[str] = []
+        valid: pa.Table | None
         if batch.table is not None:
-            valid, rejected = validate_event_table(batch.table, now=now)
-            reasons = rejected.column("reason").to_pylist()
-            wire = encode_event_table(rejected.drop_columns(["reason"]))
-            for line, reason in zip(wire, reasons, strict=True):
-                lines.append(dead_letter_line(json.loads(line), line, reason))
+            valid, lines = table_dead_letters(batch, now)
             read = batch.table.num_rows
         else:
             payloads = batch.payloads or ()
             records: list[dict[str, Any]] = []
-            for payload in payloads:
+            for index, payload in enumerate(payloads):
                 decoded = decode_event(payload, now=now)
                 if decoded.event is not None:
                     records.append(decoded.event)
                     continue
-                assert decoded.reason is not None
-                lines.append(
-                    dead_letter_line(_json_object(payload), payload, decoded.reason)
-                )
+                reason = decoded.reason or "invalid event"
+                lines.append(batch.dead_letter(index, reason, payload).to_json())
             valid = events_from_records(records) if records else None
             read = len(payloads)
         if valid is not None:
@@ -164,13 +182,22 @@ class ValidateEventsFn(PooledDoFn):
             yield valid
 
 
-def _json_object(payload: bytes) -> dict[str, Any] | None:
-    """The payload as a JSON object, or None when it is not one."""
-    try:
-        value = json.loads(payload)
-    except ValueError:  # also UnicodeDecodeError
-        return None
-    return value if isinstance(value, dict) else None
+def table_dead_letters(batch: RawEvents, now: int) -> tuple[pa.Table, list[str]]:
+    """A table batch's valid rows, and a dead-letter line per rejected row
+    (its payload: the row's wire JSON)."""
+    assert batch.table is not None
+    reasons = event_table_reasons(batch.table, now=now)
+    rejected = np.flatnonzero(pd.notna(reasons))
+    if rejected.size == 0:
+        return batch.table, []
+    keep = np.ones(batch.table.num_rows, dtype=bool)
+    keep[rejected] = False
+    wire = encode_event_table(batch.table.take(pa.array(rejected)))
+    lines = [
+        batch.dead_letter(int(index), reasons[index], payload).to_json()
+        for index, payload in zip(rejected, wire, strict=True)
+    ]
+    return batch.table.filter(pa.array(keep)), lines
 
 
 class ValidateEvents(beam.PTransform):  # type: ignore[misc]

@@ -10,8 +10,11 @@ the impression's 9 counters over ``[t - window, t)``, goes to the user shard
 of the impression, which holds the example until its label window closes
 (:mod:`.user_state`).
 
-Copies of an event (same ``event_id``) are counted once. Every element also
-refreshes the online counters of the entities it touched (Feast push rows).
+Copies of an event (same ``event_id``) are counted once: copies that differ
+are settled by the id stage's notices (:mod:`.event_ids`), which name the
+winning copy's user, time and digest (the others are dropped), and copies
+that agree on all three are identical. Every element also refreshes the
+online counters of the entities it touched (Feast push rows).
 """
 
 from __future__ import annotations
@@ -33,11 +36,14 @@ from apache_beam.transforms.userstate import (
 )
 from apache_beam.utils.timestamp import Timestamp
 
+from features.duplicates import copy_digests
 from features.feature_tables import FEATURE_TABLES
 from features.registry import COUNTER_ACTIONS
 from pipelines.beam.arrow import IntArray, shard_of, split_by_shard, to_int64
 from pipelines.beam.counters import entity_counters
+from pipelines.beam.kernels import drop_losing_copies, losing_copies
 from pipelines.streaming.config import COUNTER_HORIZON_MS, StreamConfig
+from pipelines.streaming.event_ids import WINNERS, compact_winners, winners_table
 from pipelines.streaming.tables import (
     ENTITY_EVENT_SCHEMA,
     ENTITY_KINDS,
@@ -67,6 +73,7 @@ def entity_rows(events: pa.Table, kind: str) -> pa.Table:
             "action": pa.array(index[index >= 0] + 1, pa.int64()),
             "user_id": ads.column("user_id"),
             "published_ms": ads.column("published_ms"),
+            "digest": pa.array(copy_digests(ads), pa.string()),
         },
         schema=ENTITY_EVENT_SCHEMA,
     )
@@ -96,14 +103,18 @@ def answer_entity_shard(
     fire: int,
     config: StreamConfig,
     user_shards: int,
+    winners: pa.Table | None = None,
 ) -> tuple[list[tuple[int, pa.Table]], pa.Table, int | None]:
     """Answers of the impressions due in ``(answered_until, fire]``.
+
+    ``winners`` are the id stage's notices (ID_PROJECTION_SCHEMA): copies of
+    those ids at another user or time are not counted.
 
     Returns:
         ``(answers by user shard, compacted rows, next due time or None)``;
         answers are ``answer_schema(kind)`` tables.
     """
-    rows = rows.take(pa.array(first_copies(rows.column("event_id"))))
+    rows = distinct_rows(rows, winners)
     ids = to_int64(rows.column("entity_id"))
     times = to_int64(rows.column("time_ms"))
     actions = to_int64(rows.column("action"))
@@ -130,11 +141,21 @@ def answer_entity_shard(
     return routed, kept, (int(pending.min()) if pending.size else None)
 
 
-def entity_push_rows(rows: pa.Table, touched: IntArray, kind: str) -> pa.Table:
+def distinct_rows(rows: pa.Table, winners: pa.Table | None) -> pa.Table:
+    """Each event once: the winning copy where the id stage named one, else
+    the first of identical copies."""
+    if winners is not None:
+        rows = drop_losing_copies(rows, winners, time_column="time_ms")
+    return rows.take(pa.array(first_copies(rows.column("event_id"))))
+
+
+def entity_push_rows(
+    rows: pa.Table, touched: IntArray, kind: str, winners: pa.Table | None = None
+) -> pa.Table:
     """``{kind}_counters`` rows of the touched entities, as of just after each
     one's newest event."""
     mine = rows.filter(pc.is_in(rows.column("entity_id"), value_set=pa.array(touched)))
-    mine = mine.take(pa.array(first_copies(mine.column("event_id"))))
+    mine = distinct_rows(mine, winners)
     ids = to_int64(mine.column("entity_id"))
     times = to_int64(mine.column("time_ms"))
     spec = FEATURE_TABLES[f"{kind}_counters"].schema
@@ -161,6 +182,8 @@ def entity_push_rows(rows: pa.Table, touched: IntArray, kind: str) -> pa.Table:
 # State and timers (module-level: Beam finds them in the defaults).
 _ROWS = BagStateSpec("rows", BytesCoder())
 _ROWS_PARAM = beam.DoFn.StateParam(_ROWS)
+_WINNERS = BagStateSpec("winners", BytesCoder())
+_WINNERS_PARAM = beam.DoFn.StateParam(_WINNERS)
 _ANSWERED = ReadModifyWriteStateSpec("answered_until", VarIntCoder())
 _ANSWERED_PARAM = beam.DoFn.StateParam(_ANSWERED)
 _ANSWER = TimerSpec("answer", TimeDomain.WATERMARK)
@@ -170,8 +193,10 @@ _ANSWER_PARAM = beam.DoFn.TimerParam(_ANSWER)
 class EntityShardFn(beam.DoFn):  # type: ignore[misc]
     """The stateful stage (see the module docstring).
 
-    Input: ``(entity key, rows IPC)``. Main output: ``(user shard, (kind,
-    answers IPC))``; tagged ``push``: ``(feature table, rows IPC, published)``.
+    Input: ``(entity key, (kind, IPC))``: kind ``rows`` (the key's ad events)
+    or ``winners`` (the id stage's notices). Main output: ``(user shard,
+    (kind, answers IPC))``; tagged ``push``: ``(feature table, rows IPC,
+    published)``.
     """
 
     def __init__(self, config: StreamConfig, push: bool) -> None:
@@ -183,8 +208,9 @@ class EntityShardFn(beam.DoFn):  # type: ignore[misc]
 
     def process(
         self,
-        element: tuple[int, bytes],
+        element: tuple[int, tuple[str, bytes]],
         rows: Any = _ROWS_PARAM,
+        winners: Any = _WINNERS_PARAM,
         answer: Any = _ANSWER_PARAM,
     ) -> Iterator[Any]:
         """Keep the rows; a timer at each due time of the batch's impressions.
@@ -193,7 +219,12 @@ class EntityShardFn(beam.DoFn):  # type: ignore[misc]
         element itself holds the watermark: no timer is set by another
         timer, and a timer that fires after a later one finds nothing left.
         """
-        key, data = element
+        key, (kind_of_data, data) = element
+        if kind_of_data == WINNERS:
+            winners.add(data)
+            if self._push:
+                yield from self._push_corrections(key, rows, winners, data)
+            return
         rows.add(data)
         batch = state_table(data)
         actions = to_int64(batch.column("action"))
@@ -204,14 +235,36 @@ class EntityShardFn(beam.DoFn):  # type: ignore[misc]
             kind = self._kind(key)
             stored = tables_of(list(rows.read()), ENTITY_EVENT_SCHEMA)
             touched = np.unique(to_int64(batch.column("entity_id")))
+            notices = winners_table(list(winners.read()))
             yield beam.pvalue.TaggedOutput(
                 PUSH,
                 (
                     f"{kind}_counters",
-                    state_bytes(entity_push_rows(stored, touched, kind)),
+                    state_bytes(entity_push_rows(stored, touched, kind, notices)),
                     to_int64(batch.column("published_ms")).tobytes(),
                 ),
             )
+
+    def _push_corrections(
+        self, key: int, rows: Any, winners: Any, notice: bytes
+    ) -> Iterator[Any]:
+        """Push again the online counters of the entities with a row the
+        notice says loses (already pushed with it); no freshness samples."""
+        kind = self._kind(key)
+        stored = tables_of(list(rows.read()), ENTITY_EVENT_SCHEMA)
+        loses = losing_copies(stored, state_table(notice), time_column="time_ms")
+        if not loses.any():
+            return
+        touched = np.unique(to_int64(stored.column("entity_id"))[loses])
+        notices = winners_table(list(winners.read()))
+        yield beam.pvalue.TaggedOutput(
+            PUSH,
+            (
+                f"{kind}_counters",
+                state_bytes(entity_push_rows(stored, touched, kind, notices)),
+                b"",
+            ),
+        )
 
     @on_timer(_ANSWER)
     def answer(
@@ -219,6 +272,7 @@ class EntityShardFn(beam.DoFn):  # type: ignore[misc]
         key: Any = beam.DoFn.KeyParam,
         fire_at: Any = beam.DoFn.TimestampParam,
         rows: Any = _ROWS_PARAM,
+        winners: Any = _WINNERS_PARAM,
         answered: Any = _ANSWERED_PARAM,
     ) -> Iterator[tuple[int, tuple[str, bytes]]]:
         """Answer every impression due by now not answered yet; compact the state."""
@@ -228,6 +282,7 @@ class EntityShardFn(beam.DoFn):  # type: ignore[misc]
         if until is not None and fire <= until:
             return  # a later due time fired first and answered these
         stored = tables_of(list(rows.read()), ENTITY_EVENT_SCHEMA)
+        notices = winners_table(list(winners.read()))
         routed, kept, _ = answer_entity_shard(
             stored,
             kind,
@@ -235,9 +290,14 @@ class EntityShardFn(beam.DoFn):  # type: ignore[misc]
             fire=fire,
             config=self._config,
             user_shards=self._config.shards,
+            winners=notices,
         )
         answered.write(fire)
         rows.clear()
         rows.add(state_bytes(kept))
+        winners.clear()
+        still_needed = compact_winners(notices, fire, self._config)
+        if still_needed.num_rows:
+            winners.add(state_bytes(still_needed))
         for user_shard, table in routed:
             yield user_shard, (kind, state_bytes(table))

@@ -9,6 +9,8 @@ The stages (each a stateful DoFn keyed by shard, timers in event time)::
 
     ReadEventStream (SDF per partition, watermark = event time)
         |-- dead letters (invalid, too late) ----------------> <topic>.dead-letter
+        |-- ShardById -> EventIdFn (which copy of an event_id wins)
+        |                  '-- winners -> both shard stages below
         |-- ShardByEntity -> EntityShardFn (ad / advertiser counters)
         |                        |-- answers --+            |-- push rows --+
         '-- ShardByUser --------------------> UserShardFn                   |
@@ -43,6 +45,7 @@ from pipelines.beam.options import GemBuildOptions, kafka_settings
 from pipelines.beam.runner import prism_location, runner_name, use_local_prism
 from pipelines.streaming.config import StreamConfig
 from pipelines.streaming.entity_state import PUSH, EntityShardFn, route_entity_rows
+from pipelines.streaming.event_ids import ENTITY_NOTICES, EventIdFn, id_elements
 from pipelines.streaming.feast_push import PushToFeastFn
 from pipelines.streaming.kafka_source import (
     DEAD_LETTERS,
@@ -152,11 +155,15 @@ def _user_elements(batch: EventBatch, shards: int) -> list[Keyed]:
     ]
 
 
-def _entity_elements(batch: EventBatch, entity_shards: int) -> list[tuple[int, bytes]]:
+def _entity_elements(batch: EventBatch, entity_shards: int) -> list[Keyed]:
     return [
-        (key, state_bytes(part))
+        (key, ("rows", state_bytes(part)))
         for key, part in route_entity_rows(batch.events, entity_shards)
     ]
+
+
+def _id_elements(batch: EventBatch, shards: int) -> list[tuple[int, bytes]]:
+    return id_elements(batch.events, shards)
 
 
 def run(argv: list[str] | None = None) -> dict[str, Any]:
@@ -191,12 +198,28 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
         now_ms=build.now_ms,
         from_committed=stream.stream_start == "committed",
     )
+    event_ids = (
+        read.events
+        | "ShardById"
+        >> beam.FlatMap(_id_elements, config.shards).with_output_types(
+            tuple[int, bytes]
+        )
+        | "EventIds"
+        >> beam.ParDo(EventIdFn(config)).with_outputs(ENTITY_NOTICES, main="users")
+    )
     entity_rows = read.events | "ShardByEntity" >> beam.FlatMap(
         _entity_elements, config.entity_shards
-    ).with_output_types(tuple[int, bytes])
-    entity = entity_rows | "EntityCounters" >> beam.ParDo(
-        EntityShardFn(config, push)
-    ).with_outputs(PUSH, main="answers")
+    ).with_output_types(Keyed)
+    entity = (
+        (
+            entity_rows,
+            event_ids[ENTITY_NOTICES]
+            | "TypeEntityNotices" >> beam.Map(_same).with_output_types(Keyed),
+        )
+        | "RowsAndNotices" >> beam.Flatten()
+        | "EntityCounters"
+        >> beam.ParDo(EntityShardFn(config, push)).with_outputs(PUSH, main="answers")
+    )
     users = read.events | "ShardByUser" >> beam.FlatMap(
         _user_elements, config.shards
     ).with_output_types(Keyed)
@@ -204,6 +227,8 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
         (
             users,
             entity.answers | "TypeAnswers" >> beam.Map(_same).with_output_types(Keyed),
+            event_ids.users
+            | "TypeUserNotices" >> beam.Map(_same).with_output_types(Keyed),
         )
         | "EventsAndAnswers" >> beam.Flatten()
         | "UserHistory"

@@ -29,8 +29,12 @@ right here, because the watermark is event time. An event is
 Output: per poll and partition, one :class:`EventBatch` (valid events, in
 EVENT_SCHEMA plus the Kafka record time ``published_ms``), timestamped with
 its earliest event time, so it holds the downstream watermark until it is
-processed; dead letters (tagged ``dead_letters``) as JSON lines; progress
-marks (tagged ``marks``) for the offset committer.
+processed; dead letters (tagged ``dead_letters``) as
+:meth:`features.deadletter.DeadLetter.to_json` lines (topic, partition,
+offset, reason, the message's bytes: at most the first
+:data:`~features.events.MAX_EVENT_BYTES` of them, so that a letter always
+fits on the dead-letter topic, with the whole message's length and hash);
+progress marks (tagged ``marks``) for the offset committer.
 
 Offsets: the consumer never auto-commits. What is committed, and when, is the
 job's durability rule (:mod:`.offsets`).
@@ -38,7 +42,6 @@ job's durability rule (:mod:`.offsets`).
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -56,9 +59,9 @@ from apache_beam.metrics import Metrics
 from apache_beam.transforms.core import RestrictionProvider, WatermarkEstimatorProvider
 from apache_beam.utils.timestamp import Duration, Timestamp
 
-from features.events import EVENT_SCHEMA, decode_event, now_ms
+from features.deadletter import DeadLetter
+from features.events import EVENT_SCHEMA, MAX_EVENT_BYTES, decode_event, now_ms
 from features.kafka import KafkaSettings
-from pipelines.beam.validate import dead_letter_line
 from pipelines.streaming.tables import STREAM_EVENT_SCHEMA
 
 METRICS_NAMESPACE: Final = "gem.stream"
@@ -451,7 +454,10 @@ class ReadTopicFn(beam.DoFn):  # type: ignore[misc]
                 invalid += 1
                 reason = decoded.reason or "invalid"
                 outputs.append(
-                    (DEAD_LETTERS, _dead_letter(payload, reason, source, message))
+                    (
+                        DEAD_LETTERS,
+                        _dead_letter(payload, reason, topic, partition, message.offset),
+                    )
                 )
                 continue
             event_time = int(decoded.event["event_time"])
@@ -465,7 +471,10 @@ class ReadTopicFn(beam.DoFn):  # type: ignore[misc]
                     f"the watermark {mark} (allowed lateness {self._lateness} ms)"
                 )
                 outputs.append(
-                    (DEAD_LETTERS, _dead_letter(payload, reason, source, message))
+                    (
+                        DEAD_LETTERS,
+                        _dead_letter(payload, reason, topic, partition, message.offset),
+                    )
                 )
                 continue
             if mark is not None and event_time < mark:
@@ -502,18 +511,18 @@ class ReadTopicFn(beam.DoFn):  # type: ignore[misc]
         return outputs, claimed_all
 
 
-def _dead_letter(payload: bytes, reason: str, source: str, message: Any) -> str:
-    """A dead-letter line with where the message came from."""
-    try:
-        record = json.loads(payload)
-    except ValueError:
-        record = None
-    line = json.loads(
-        dead_letter_line(record if isinstance(record, dict) else None, payload, reason)
+def _dead_letter(
+    payload: bytes, reason: str, topic: str, partition: int, offset: int
+) -> str:
+    """The dead-letter line of a message, cut to fit the dead-letter topic."""
+    letter = DeadLetter(
+        source=topic,
+        partition=partition,
+        offset=int(offset),
+        reason=reason,
+        payload=payload,
     )
-    line["source"] = source
-    line["offset"] = int(message.offset)
-    return json.dumps(line, separators=(",", ":"), ensure_ascii=False)
+    return letter.truncated_to(MAX_EVENT_BYTES).to_json()
 
 
 class StartOf(beam.DoFn):  # type: ignore[misc]

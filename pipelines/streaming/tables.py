@@ -32,9 +32,11 @@ ENTITY_EVENT_SCHEMA: Final = pa.schema(
         pa.field("action", pa.int64(), False),  # 1-based COUNTER_ACTIONS code
         pa.field("user_id", pa.int64(), False),
         pa.field("published_ms", pa.int64(), False),
+        pa.field("digest", pa.string(), False),  # features.duplicates
     ]
 )
-"""An ad event as an ad / advertiser shard keeps it."""
+"""An ad event as an ad / advertiser shard keeps it (the digest tells its
+copies apart, :mod:`pipelines.streaming.event_ids`)."""
 
 DROPPED_SCHEMA: Final = pa.schema(
     [

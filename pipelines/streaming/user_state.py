@@ -7,7 +7,11 @@ Keyed by user shard. State (bags of Arrow IPC chunks, :mod:`.tables`):
 - ``dropped``: per user, events evicted so far (so ``timeline_cut`` stays an
   index into the user's *full* timeline, as in the batch job);
 - ``answers``: ad / advertiser counters of pending impressions, sent by the
-  entity shards (:mod:`.entity_state`).
+  entity shards (:mod:`.entity_state`);
+- ``winners``: the winning copy's key of event_ids whose copies differ,
+  sent by the id stage (:mod:`.event_ids`): the shard drops the other
+  copies, then keeps each id's winning copy among its own (the batch job's
+  :func:`~pipelines.beam.timelines.dedupe_events`).
 
 Release rule (event time): an impression at ``t`` is final when the label
 window and the allowed lateness have passed, ``due = ceil(t + window +
@@ -58,8 +62,14 @@ from features.windows import window_positions as _window_positions
 from pipelines.beam.arrow import IntArray, to_int64
 from pipelines.beam.counters import entity_counters
 from pipelines.beam.examples import example_bases
+from pipelines.beam.kernels import (
+    ID_PROJECTION_SCHEMA,
+    drop_losing_copies,
+    losing_copies,
+)
 from pipelines.beam.timelines import build_timelines, dedupe_events
 from pipelines.streaming.config import COUNTER_HORIZON_MS, LABEL_WINDOW_MS, StreamConfig
+from pipelines.streaming.event_ids import WINNERS, compact_winners, winners_table
 from pipelines.streaming.tables import (
     DROPPED_SCHEMA,
     ENTITY_KINDS,
@@ -102,6 +112,7 @@ class UserRelease:
         dropped: the updated evicted counts.
         answers: entity answers still pending, by kind.
         next_due: the earliest due time still pending, or None.
+        winners: the id stage's notices still needed.
     """
 
     examples: pa.Table
@@ -110,6 +121,7 @@ class UserRelease:
     dropped: pa.Table
     answers: dict[str, pa.Table]
     next_due: int | None
+    winners: pa.Table
 
 
 def due_times(times: IntArray, config: StreamConfig) -> IntArray:
@@ -174,6 +186,7 @@ def release_user_shard(
     fire: int,
     dims: Dimensions,
     config: StreamConfig,
+    winners: pa.Table | None = None,
 ) -> UserRelease:
     """Examples of the impressions due in ``(released_until, fire]``, and the
     state that remains.
@@ -186,8 +199,11 @@ def release_user_shard(
         fire: due time of this release (the timer's time).
         dims: the dimension tables.
         config: timing rules.
+        winners: the id stage's notices (ID_PROJECTION_SCHEMA), one per id.
     """
-    all_events = dedupe_events(events)
+    if winners is None:
+        winners = ID_PROJECTION_SCHEMA.empty_table()
+    all_events = dedupe_events(drop_losing_copies(events, winners))
     impressions = all_events.filter(pc.equal(all_events.column("action"), "impression"))
     all_due = due_times(times_ms(impressions), config)
     pending = all_due[all_due > fire]
@@ -247,6 +263,7 @@ def release_user_shard(
         dropped=kept_dropped,
         answers=remaining,
         next_due=int(pending.min()) if pending.size else None,
+        winners=compact_winners(winners, fire, config),
     )
 
 
@@ -325,13 +342,19 @@ def _compact(
 
 
 def user_push_rows(
-    events: pa.Table, touched: IntArray, dims: Dimensions
+    events: pa.Table,
+    touched: IntArray,
+    dims: Dimensions,
+    winners: pa.Table | None = None,
 ) -> dict[str, pa.Table]:
     """``user_counters`` and ``user_sequence`` rows of the touched users, as of
-    just after each one's newest event (``event_timestamp`` = newest + 1 ms)."""
+    just after each one's newest event (``event_timestamp`` = newest + 1 ms),
+    without the copies the id stage's ``winners`` say lose."""
     mine = events.filter(
         pc.is_in(events.column("user_id"), value_set=pa.array(touched))
     )
+    if winners is not None:
+        mine = drop_losing_copies(mine, winners)
     mine = dedupe_events(mine)
     users = to_int64(mine.column("user_id"))
     if users.size == 0:
@@ -395,7 +418,8 @@ class UserShardFn(beam.DoFn):  # type: ignore[misc]
     """The stateful stage (see the module docstring).
 
     Input: ``(user shard, (kind, IPC))`` with kind ``events`` (a batch of the
-    shard's events) or ``ad`` / ``advertiser`` (entity answers).
+    shard's events), ``ad`` / ``advertiser`` (entity answers) or ``winners``
+    (the id stage's notices).
     Main output: :data:`ExampleMessage`; tagged ``push``: :data:`PushRows`.
     """
 
@@ -421,6 +445,8 @@ class UserShardFn(beam.DoFn):  # type: ignore[misc]
         (one per due time, set here: see ``EntityShardFn.process``)."""
         _, (kind, data) = element
         chunks.add((kind, data))
+        if kind == WINNERS and self._push:
+            yield from self._push_corrections(list(chunks.read()), state_table(data))
         if kind != "events":
             return
         batch = state_table(data)
@@ -429,15 +455,33 @@ class UserShardFn(beam.DoFn):  # type: ignore[misc]
             release.set(Timestamp(micros=due * 1000), dynamic_timer_tag=str(due))
         if self._push and batch.num_rows:
             assert self._dims is not None
+            stored = list(chunks.read())
             events = tables_of(
-                [d for k, d in chunks.read() if k == "events"], STREAM_EVENT_SCHEMA
+                [d for k, d in stored if k == "events"], STREAM_EVENT_SCHEMA
             )
+            winners = winners_table([d for k, d in stored if k == WINNERS])
             touched = np.unique(to_int64(batch.column("user_id")))
             published = to_int64(batch.column("published_ms")).tobytes()
-            for table, rows in user_push_rows(events, touched, self._dims).items():
+            rows_by_table = user_push_rows(events, touched, self._dims, winners)
+            for table, rows in rows_by_table.items():
                 yield beam.pvalue.TaggedOutput(
                     PUSH, (table, state_bytes(rows), published)
                 )
+
+    def _push_corrections(
+        self, stored: list[tuple[str, bytes]], notice: pa.Table
+    ) -> Iterator[Any]:
+        """Push again the online rows of the users holding a copy the notice
+        says loses (already pushed with it); no freshness samples."""
+        assert self._dims is not None
+        events = tables_of([d for k, d in stored if k == "events"], STREAM_EVENT_SCHEMA)
+        loses = losing_copies(events, notice)
+        if not loses.any():
+            return
+        touched = np.unique(to_int64(events.column("user_id"))[loses])
+        winners = winners_table([d for k, d in stored if k == WINNERS])
+        for table, rows in user_push_rows(events, touched, self._dims, winners).items():
+            yield beam.pvalue.TaggedOutput(PUSH, (table, state_bytes(rows), b""))
 
     @on_timer(_RELEASE)
     def release(
@@ -466,10 +510,13 @@ class UserShardFn(beam.DoFn):  # type: ignore[misc]
             fire=fire,
             dims=self._dims,
             config=self._config,
+            winners=winners_table(by_kind.get(WINNERS, [])),
         )
         released.write(fire)
         chunks.clear()
         chunks.add(("events", state_bytes(result.events)))
+        if result.winners.num_rows:
+            chunks.add((WINNERS, state_bytes(result.winners)))
         if result.dropped.num_rows:
             chunks.add(("dropped", state_bytes(result.dropped)))
         for kind, table in result.answers.items():

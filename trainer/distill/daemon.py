@@ -24,6 +24,12 @@ masked (labels only; counted as ``examples_without_teacher``). Teacher rows
 are at-least-once upstream; a duplicate row is dropped. The teacher's model
 code is never imported: dims and shared tables come from its checkpoint's
 tensors (:mod:`trainer.distill.sharing`).
+
+Checkpoints are verified on load as the trainer daemon's are: a corrupt one
+is set aside and the previous one used; with checkpoint files but none that
+verifies it exits 2 unless ``--start-fresh``. A teacher-output message that
+does not decode, or whose embedding width is not the teacher's, is a dead
+letter. The dead-letter count is run-wide (kept in the checkpoint).
 """
 
 from __future__ import annotations
@@ -44,7 +50,7 @@ import torch
 
 from features.kafka import KafkaSettings, add_kafka_arguments, kafka_cluster
 from features.vocab import DOMAINS
-from trainer.checkpoint import load_latest, save_checkpoint
+from trainer.checkpoint import NoUsableCheckpointError, resume_state, save_checkpoint
 from trainer.distill.records import (
     NUM_LOGITS,
     AlignedTeacher,
@@ -92,6 +98,7 @@ class StudentDaemonConfig:
     checkpoint_every: int = 50
     keep: int = 3
     max_cached_rows: int = 2_000_000
+    start_fresh: bool = False
 
 
 class TeacherCache:
@@ -106,13 +113,15 @@ class TeacherCache:
         self.evicted = 0
 
     def add(self, table: pa.Table) -> None:
+        if table.num_rows == 0:
+            return
         ids = table.column("example_id").to_pylist()
         logits = np.asarray(
             table.column("teacher_logits").combine_chunks().flatten(), np.float32
         ).reshape(-1, NUM_LOGITS)
         emb = np.asarray(
             table.column("teacher_embedding").combine_chunks().flatten(), np.float32
-        ).reshape(len(ids), -1)
+        ).reshape(len(ids), self.dim)
         steps = table.column("teacher_step").to_numpy()
         times = table.column("teacher_time").cast(pa.int64()).to_numpy()
         for i, example_id in enumerate(ids):
@@ -178,13 +187,30 @@ class TeacherCache:
 
 
 def _teacher_decoder(
-    value: bytes, headers: list[tuple[str, bytes]]
-) -> tuple[pa.Table | None, str | None]:
-    return decode_teacher_message(value, headers)
+    embedding_width: int,
+) -> Any:
+    """Teacher-output messages of this teacher's embedding width, else a reason."""
+
+    def decode(
+        value: bytes, headers: list[tuple[str, bytes]]
+    ) -> tuple[pa.Table | None, str | None]:
+        table, reason = decode_teacher_message(value, headers)
+        if table is not None:
+            width = table.schema.field("teacher_embedding").type.list_size
+            if width != embedding_width:
+                return None, (
+                    f"teacher embedding width {width}, the teacher's is "
+                    f"{embedding_width}"
+                )
+        return table, reason
+
+    return decode
 
 
 def run(config: StudentDaemonConfig, settings: KafkaSettings) -> dict[str, Any]:
     """Train until idle (``idle_seconds``) or forever; returns counts and metrics."""
+    # First: a directory to refuse is refused before the teacher is read.
+    loaded = resume_state(config.checkpoint_dir, start_fresh=config.start_fresh)
     cfg = config.distill
     domain_index = DOMAINS.index(config.domain)
     teacher_state = read_checkpoint(config.teacher)
@@ -205,10 +231,9 @@ def run(config: StudentDaemonConfig, settings: KafkaSettings) -> dict[str, Any]:
     trainer = StudentTrainer(cfg, student, domain_index)
     cache = TeacherCache(emb_dim, config.max_cached_rows)
     calibration, seen = DayCalibration(), TeacherSeen()
-    step = applied = messages = 0
+    step = applied = messages = dead_letters = 0
     offsets: dict[int, int] = {}
     teacher_offsets: dict[int, int] = {}
-    loaded = load_latest(config.checkpoint_dir)
     if loaded is not None:
         state, path = loaded
         trainer.load_state_dict(state["model"])
@@ -218,9 +243,11 @@ def run(config: StudentDaemonConfig, settings: KafkaSettings) -> dict[str, Any]:
         step, applied, messages = (
             int(state[k]) for k in ("step", "examples", "messages")
         )
+        dead_letters = int(state.get("dead_letters", 0))
         offsets = {int(p): int(o) for p, o in state["offsets"].items()}
         teacher_offsets = {int(p): int(o) for p, o in state["teacher_offsets"].items()}
         log.info("resumed from %s: step %d, offsets %s", path, step, offsets)
+    fresh = loaded is None and config.start_fresh
     examples_source = KafkaSource(
         settings,
         config.examples_topic,
@@ -228,6 +255,7 @@ def run(config: StudentDaemonConfig, settings: KafkaSettings) -> dict[str, Any]:
         max_seq_len=1,
         offsets=offsets,
         keep_examples=True,
+        start_at_earliest=fresh,
     ).start()
     teacher_source = KafkaSource(
         settings,
@@ -235,7 +263,8 @@ def run(config: StudentDaemonConfig, settings: KafkaSettings) -> dict[str, Any]:
         f"{config.group}.teacher",
         max_seq_len=1,
         offsets=teacher_offsets,
-        decode_record=_teacher_decoder,
+        decode_record=_teacher_decoder(emb_dim),
+        start_at_earliest=fresh,
     ).start()
 
     def checkpoint() -> None:
@@ -247,6 +276,7 @@ def run(config: StudentDaemonConfig, settings: KafkaSettings) -> dict[str, Any]:
                 "step": step,
                 "examples": applied,
                 "messages": messages,
+                "dead_letters": dead_letters,
                 "offsets": {str(p): o for p, o in examples_source.offsets().items()},
                 "teacher_offsets": {
                     str(p): o for p, o in teacher_source.offsets().items()
@@ -263,10 +293,13 @@ def run(config: StudentDaemonConfig, settings: KafkaSettings) -> dict[str, Any]:
         teacher_source.request_commit()
 
     def pump_teacher(timeout: float) -> None:
+        nonlocal dead_letters
         item = teacher_source.next(timeout=timeout)
         while item is not None:
             if item.payload is not None:
                 cache.add(item.payload)
+            else:
+                dead_letters += 1
             teacher_source.mark(item.partition, item.offset + 1)
             teacher_source.iteration_done()
             item = teacher_source.next(timeout=0)
@@ -309,6 +342,8 @@ def run(config: StudentDaemonConfig, settings: KafkaSettings) -> dict[str, Any]:
                     applied += len(ids)
                     step += 1
                 cache.drop(all_ids)  # every example id occurs once: never needed again
+            else:
+                dead_letters += 1
             examples_source.mark(pending.partition, pending.offset + 1)
             messages += 1
             pending = None
@@ -326,7 +361,7 @@ def run(config: StudentDaemonConfig, settings: KafkaSettings) -> dict[str, Any]:
         "step": step,
         "examples": applied,
         "messages": messages,
-        "dead_letters": examples_source.dead_letters + teacher_source.dead_letters,
+        "dead_letters": dead_letters,
         "shared_tables": shared,
         "cached_teacher_rows": len(cache.rows),
         "evicted_teacher_rows": cache.evicted,
@@ -353,6 +388,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--teacher-wait-s", type=float, default=30.0)
     p.add_argument("--checkpoint-every", type=int, default=50, metavar="MESSAGES")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument(
+        "--start-fresh",
+        action="store_true",
+        help="when no checkpoint in --checkpoint-dir verifies, train a new "
+        "student from the topics' earliest offsets instead of refusing to start",
+    )
     add_kafka_arguments(p)
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, force=True)
@@ -377,9 +418,14 @@ def main(argv: list[str] | None = None) -> int:
         idle_seconds=args.idle_seconds,
         teacher_wait_s=args.teacher_wait_s,
         checkpoint_every=args.checkpoint_every,
+        start_fresh=args.start_fresh,
     )
-    with kafka_cluster(settings) as cluster:
-        result = run(config, cluster)
+    try:
+        with kafka_cluster(settings) as cluster:
+            result = run(config, cluster)
+    except NoUsableCheckpointError as error:
+        print(f"trainer.distill.daemon: refusing to start: {error}", file=sys.stderr)
+        return 2
     print(json.dumps({k: v for k, v in result.items() if k != "progressive"}))
     return 0
 

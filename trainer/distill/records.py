@@ -23,6 +23,7 @@ nothing but Arrow.
 from __future__ import annotations
 
 import struct
+import zlib
 from pathlib import Path
 from typing import Final
 
@@ -181,9 +182,10 @@ def _fixed_list(column: pa.ChunkedArray, width: int) -> npt.NDArray[np.float32]:
 # ---- the Kafka form: one message = one Arrow IPC stream of teacher rows ----
 
 MAGIC: Final = b"GEMT"
-MESSAGE_VERSION: Final = 1
+MESSAGE_VERSION: Final = 2
+"""Version of the frame; 2 carries the CRC-32."""
 CONTENT_TYPE: Final = "application/vnd.gem.teacher-outputs+arrow"
-_HEADER: Final = struct.Struct("<4sH")
+_HEADER: Final = struct.Struct("<4sHI")
 
 
 def teacher_message_headers() -> list[tuple[str, bytes]]:
@@ -195,7 +197,10 @@ def teacher_message_headers() -> list[tuple[str, bytes]]:
 
 
 def encode_teacher_message(table: pa.Table) -> bytes:
-    """``b"GEMT" + version (uint16 LE) + IPC stream`` of teacher-output rows.
+    """``b"GEMT" + version (uint16 LE) + CRC-32 (uint32 LE) + IPC stream``.
+
+    The CRC-32 (zlib) covers the IPC stream of teacher-output rows: it is
+    checked before decoding, so a corrupted message is a reason, not rows.
 
     Example:
         >>> t = teacher_output_schema(2).empty_table()
@@ -207,7 +212,8 @@ def encode_teacher_message(table: pa.Table) -> bytes:
     options = pa.ipc.IpcWriteOptions(compression="lz4")
     with pa.ipc.new_stream(sink, table.schema, options=options) as writer:
         writer.write_table(table)
-    return _HEADER.pack(MAGIC, MESSAGE_VERSION) + bytes(sink.getvalue())
+    body = bytes(sink.getvalue())
+    return _HEADER.pack(MAGIC, MESSAGE_VERSION, zlib.crc32(body)) + body
 
 
 def decode_teacher_message(
@@ -215,23 +221,36 @@ def decode_teacher_message(
 ) -> tuple[pa.Table | None, str | None]:
     """The rows of a teacher-output message, or None and why (never raises).
 
+    Rows must be complete (no nulls) and their logits and embeddings finite:
+    a student trains on them as they are.
+
     Example:
         >>> decode_teacher_message(b"junk")
         (None, 'not a teacher-output message (bad magic)')
     """
-    if len(data) < _HEADER.size or data[:4] != MAGIC:
+    if data is None or len(data) < _HEADER.size or bytes(data[:4]) != MAGIC:
         return None, "not a teacher-output message (bad magic)"
-    _, version = _HEADER.unpack_from(data)
+    _, version, checksum = _HEADER.unpack_from(data)
     if version != MESSAGE_VERSION:
         return None, f"teacher-output message version {version} unsupported"
+    body = data[_HEADER.size :]
+    if zlib.crc32(body) != checksum:
+        return None, "teacher-output message fails its CRC-32 (corrupted)"
     try:
-        table = pa.ipc.open_stream(pa.py_buffer(data[_HEADER.size :])).read_all()
-    except (pa.ArrowInvalid, OSError) as error:
+        table = pa.ipc.open_stream(pa.py_buffer(body)).read_all()
+        table.validate(full=True)
+    except (pa.ArrowException, ValueError, OSError) as error:
         return None, f"undecodable teacher-output stream: {error}"
     try:
         expected = teacher_output_schema(embedding_dim(table))
-    except (KeyError, AttributeError, ValueError):
+    except (KeyError, AttributeError, ValueError, TypeError, OverflowError):
         expected = None
     if expected is None or not table.schema.equals(expected, check_metadata=False):
         return None, "teacher-output rows not in the teacher-output schema"
+    if any(column.null_count for column in table.columns):
+        return None, "teacher-output rows hold nulls"
+    for name in ("teacher_logits", "teacher_embedding"):
+        values = table.column(name).combine_chunks().flatten()
+        if len(values) and not pc.all(pc.is_finite(values)).as_py():
+            return None, f"teacher-output {name} not finite"
     return table, None

@@ -21,20 +21,23 @@ from typing import Any, Final
 import torch
 from torch import nn
 
-from trainer.checkpoint import load_latest
+from trainer.checkpoint import load_latest, read_checkpoint_file
 
 _TABLE_KEY: Final = re.compile(r"(?:^|\.)embedding_bags\.(t_\w+)\.weight$")
 
 
 def read_checkpoint(path: Path) -> dict[str, Any]:
-    """The state dict of a checkpoint file, or of the newest one in a directory."""
+    """The state dict of a checkpoint file, or of the newest one in a directory.
+
+    Verified either way (:mod:`trainer.checkpoint`): a corrupt file raises
+    :class:`~trainer.checkpoint.CheckpointCorruptError`.
+    """
     if path.is_dir():
         found = load_latest(path)
         if found is None:
             raise FileNotFoundError(f"no readable checkpoint in {path}")
         return found[0]
-    state: dict[str, Any] = torch.load(path, map_location="cpu", weights_only=True)
-    return state
+    return read_checkpoint_file(path)
 
 
 def teacher_tables(state: dict[str, Any]) -> dict[str, torch.Tensor]:

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from trainer.batch import Batch
-from trainer.checkpoint import load_latest, save_checkpoint
+from trainer.checkpoint import load_latest, read_checkpoint_file, save_checkpoint
 from trainer.config import (
     BaselineConfig,
     EmbeddingConfig,
@@ -140,7 +140,7 @@ def load_teacher(
             raise FileNotFoundError(f"no readable checkpoint in {path}")
         state, path = found
     else:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        state = read_checkpoint_file(path)
     if "model_config" in state:
         config = config_from_dict(state["model_config"])
         model_name = str(state.get("model_name", model_name))

@@ -15,7 +15,10 @@ its own). Offsets of the examples topic live in checkpoints written with
 :mod:`trainer.checkpoint` *after* the producer flushed, so a crash replays
 at most the messages since the last checkpoint: teacher rows are
 at-least-once, and a duplicate is harmless (same example id, same values
-for one teacher checkpoint; readers keep the first).
+for one teacher checkpoint; readers keep the first). Its checkpoints are
+verified on load (:mod:`trainer.checkpoint`); with checkpoint files but none
+that verifies it exits 2 unless ``--start-fresh`` (then it reads the
+examples topic from the earliest offsets).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -30,9 +34,9 @@ from typing import Any
 import torch
 
 from features.kafka import KafkaSettings
-from features.kafka.settings import add_kafka_arguments
+from features.kafka.settings import MAX_MESSAGE_BYTES, add_kafka_arguments
 from features.kafka.topics import ensure_topics
-from trainer.checkpoint import load_latest, save_checkpoint
+from trainer.checkpoint import NoUsableCheckpointError, resume_state, save_checkpoint
 from trainer.data import event_time_ms
 from trainer.distill.records import (
     encode_teacher_message,
@@ -58,18 +62,20 @@ def run_stream(
     partitions: int = 4,
     model_name: str = "gem",
     preset: str = "tiny",
+    start_fresh: bool = False,
 ) -> dict[str, Any]:
     """Run until SIGTERM-free idle (``idle_seconds``) or forever; returns counts."""
     from kafka import KafkaProducer
 
+    loaded = resume_state(checkpoint_dir, start_fresh=start_fresh)
     teacher = load_teacher(teacher_path, model_name=model_name, preset=preset)
-    loaded = load_latest(checkpoint_dir)
     offsets: dict[int, int] = {}
-    messages = rows_out = 0
+    messages = rows_out = dead_letters = 0
     if loaded is not None:
         state = loaded[0]
         offsets = {int(p): int(o) for p, o in state["offsets"].items()}
         messages, rows_out = int(state["step"]), int(state["rows"])
+        dead_letters = int(state.get("dead_letters", 0))
     ensure_topics(settings, {output_topic: partitions})
     source = KafkaSource(
         settings,
@@ -79,8 +85,12 @@ def run_stream(
         offsets=offsets,
         keep_examples=True,
         dead_letter=f"{examples_topic}.{group}.dead-letter",
+        start_at_earliest=loaded is None and start_fresh,
     ).start()
-    producer = KafkaProducer(**settings.client_config(), acks="all")
+    # Its topics allow MAX_MESSAGE_BYTES (ensure_topics); so does the producer.
+    producer = KafkaProducer(
+        **settings.client_config(), acks="all", max_request_size=MAX_MESSAGE_BYTES
+    )
     since_checkpoint = 0
 
     def checkpoint() -> None:
@@ -92,6 +102,7 @@ def run_stream(
                 "optimizer": {},
                 "step": messages,
                 "rows": rows_out,
+                "dead_letters": dead_letters,
                 "offsets": {str(p): o for p, o in source.offsets().items()},
                 "teacher_step": teacher.step,
             },
@@ -127,6 +138,8 @@ def run_stream(
                     headers=teacher_message_headers(),
                 )
                 rows_out += table.num_rows
+            else:
+                dead_letters += 1
             messages += 1
             source.mark(item.partition, item.offset + 1)
             since_checkpoint += 1
@@ -140,7 +153,7 @@ def run_stream(
     return {
         "messages": messages,
         "teacher_rows": rows_out,
-        "dead_letters": source.dead_letters,
+        "dead_letters": dead_letters,
         "teacher_step": teacher.step,
     }
 
@@ -159,6 +172,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default="gem", help="for config-less checkpoints")
     p.add_argument("--preset", default="tiny", help="for config-less checkpoints")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument(
+        "--start-fresh",
+        action="store_true",
+        help="when no checkpoint in --checkpoint-dir verifies, start from the "
+        "examples topic's earliest offsets instead of refusing to start",
+    )
     add_kafka_arguments(p)
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, force=True)
@@ -167,19 +186,27 @@ def main(argv: list[str] | None = None) -> int:
     if settings.embedded:
         p.error("--kafka-bootstrap is required")
     started = time.perf_counter()
-    result = run_stream(
-        settings,
-        examples_topic=args.examples_topic,
-        output_topic=args.output_topic,
-        group=args.group,
-        teacher_path=args.teacher,
-        checkpoint_dir=args.checkpoint_dir,
-        idle_seconds=args.idle_seconds,
-        checkpoint_every=args.checkpoint_every,
-        partitions=args.partitions,
-        model_name=args.model,
-        preset=args.preset,
-    )
+    try:
+        result = run_stream(
+            settings,
+            examples_topic=args.examples_topic,
+            output_topic=args.output_topic,
+            group=args.group,
+            teacher_path=args.teacher,
+            checkpoint_dir=args.checkpoint_dir,
+            idle_seconds=args.idle_seconds,
+            checkpoint_every=args.checkpoint_every,
+            partitions=args.partitions,
+            model_name=args.model,
+            preset=args.preset,
+            start_fresh=args.start_fresh,
+        )
+    except NoUsableCheckpointError as error:
+        print(
+            f"trainer.distill.teacher_stream: refusing to start: {error}",
+            file=sys.stderr,
+        )
+        return 2
     result["seconds"] = time.perf_counter() - started
     print(json.dumps(result))
     return 0
