@@ -84,6 +84,27 @@ class DeadLetter:
             self, payload=self.payload[: max(0, max_payload_bytes)], truncated=True
         )
 
+    def to_json_within(self, max_bytes: int) -> str:
+        """:meth:`to_json` with the payload cut as far as needed for the line
+        to take at most ``max_bytes`` (escapes and base64 make the payload's
+        share of the line larger than its bytes).
+
+        Example:
+            >>> letter = DeadLetter(source="t", partition=0, offset=3,
+            ...                     reason="too long", payload=b"x" * 5000)
+            >>> line = letter.to_json_within(1000)
+            >>> len(line) <= 1000, DeadLetter.from_json(line).payload_length
+            (True, 5000)
+        """
+        letter, line = self, self.to_json()
+        keep = len(self.payload)
+        while len(line) > max_bytes and keep > 0:
+            # Shrink in proportion to the excess, by at least a byte.
+            keep = min(keep - 1, int(keep * max_bytes / len(line) * 0.95))
+            letter = self.truncated_to(max(keep, 0))
+            line = letter.to_json()
+        return line
+
     def to_dict(self) -> dict[str, Any]:
         """The JSON object of :meth:`to_json`."""
         record: dict[str, Any] = {

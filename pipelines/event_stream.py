@@ -6,9 +6,9 @@ with a ``schema-version`` header. Reading validates every message; what fails
 becomes a dead letter (:class:`features.deadletter.DeadLetter`: topic,
 partition, offset, reason and the message's bytes), and is counted, so
 ``read == valid + dead letters`` always holds. Its copy on a dead-letter topic
-holds at most the first :data:`features.events.MAX_EVENT_BYTES` of the
-message (so it fits where the message did), with the whole message's length
-and hash in its headers.
+is the message's bytes, cut only when the topic accepts less, with the
+letter's fields (the whole message's length and hash among them) in its
+headers.
 """
 
 from __future__ import annotations
@@ -24,13 +24,13 @@ import pyarrow as pa
 
 from features.deadletter import DeadLetter
 from features.events import (
-    MAX_EVENT_BYTES,
     SCHEMA_VERSION,
     decode_event,
     encode_event_table,
     events_from_records,
 )
 from features.kafka.settings import KafkaSettings
+from features.kafka.topics import RECORD_OVERHEAD_BYTES, max_message_bytes
 
 log = logging.getLogger(__name__)
 
@@ -233,10 +233,12 @@ def read_events(
     finally:
         consumer.close()
     if dead and dead_letter_topic:
-        producer = KafkaProducer(**settings.client_config())
+        # The value is the original bytes, cut only where the topic is smaller.
+        limit = max_message_bytes(settings, dead_letter_topic)
+        producer = KafkaProducer(**settings.client_config(), max_request_size=limit)
         try:
             for letter in dead:
-                copy = letter.truncated_to(MAX_EVENT_BYTES)
+                copy = letter.truncated_to(limit - RECORD_OVERHEAD_BYTES)
                 producer.send(
                     dead_letter_topic, value=copy.payload, headers=copy.kafka_headers()
                 )

@@ -474,20 +474,76 @@ def test_topic_readers_dead_letter_each_hostile_message(
         copies, key=lambda r: int(dict(r.headers)["dead-letter-payload-length"])
     )
     headers = dict(largest.headers)
-    assert len(largest.value) == MAX_EVENT_BYTES
-    assert headers["dead-letter-truncated"] == b"true"
+    # The topic takes the largest whole: the copy is the message as sent.
     assert int(headers["dead-letter-payload-length"]) > MAX_EVENT_BYTES
+    assert len(largest.value) == int(headers["dead-letter-payload-length"])
+    assert headers["dead-letter-truncated"] == b"false"
 
-    # The streaming job's reader, on the same messages: its letters are cut
-    # to fit the dead-letter topic, and say so.
+    # The streaming job's reader, on the same messages: the same letters.
     letters, valid, read = _stream_read(kafka_settings, topic)
     assert read == len(payloads) == valid + len(letters)
-    assert [(d.offset, d.reason) for d in letters] == [
-        (d.offset, d.reason) for d in expected
-    ]
-    assert [replace(d, set_aside_ms=0) for d in letters] == [
-        d.truncated_to(MAX_EVENT_BYTES) for d in expected
-    ]
+    assert [replace(d, set_aside_ms=0) for d in letters] == expected
+
+
+def _small_topic(settings: KafkaSettings, max_bytes: int) -> str:
+    """A topic that takes records of at most ``max_bytes``."""
+    from kafka.admin import KafkaAdminClient, NewTopic
+
+    name = f"small-{uuid.uuid4().hex[:12]}"
+    admin = KafkaAdminClient(**settings.client_config())
+    try:
+        admin.create_topics(
+            [NewTopic(name, 1, 1, topic_configs={"max.message.bytes": str(max_bytes)})]
+        )
+    finally:
+        admin.close()
+    return name
+
+
+def test_a_letter_larger_than_its_topic_is_cut_to_fit_never_dropped(
+    kafka_settings: KafkaSettings, kafka_topic: Callable[[int], str]
+) -> None:
+    """A 200 KB message against dead-letter topics of 64 KiB: the copy of
+    ``pipelines.event_stream`` and the streaming job's publisher each write
+    the letter, cut, saying so, with the whole message's length and hash."""
+    from pipelines.streaming.publish import PublishDeadLettersFn
+
+    huge = b'{"event_id": "' + b"x" * 200_000 + b'"}'
+    topic = kafka_topic(1)
+    publish_raw([huge], kafka_settings, topic, key=b"0")
+    limit = 65_536
+
+    copies = _small_topic(kafka_settings, limit)
+    group = f"g-{uuid.uuid4().hex}"
+    report = read_events(
+        kafka_settings, topic, group_id=group, dead_letter_topic=copies
+    )
+    (letter,) = report.dead_letters
+    assert letter.payload == huge  # the report keeps every byte
+    (copy,) = topic_records(kafka_settings, copies)
+    headers = dict(copy.headers)
+    assert len(copy.value) < limit
+    assert copy.value == huge[: len(copy.value)]
+    assert headers["dead-letter-truncated"] == b"true"
+    assert int(headers["dead-letter-payload-length"]) == len(huge)
+    assert headers["dead-letter-payload-sha256"].decode() == letter.payload_sha256
+
+    lines = _small_topic(kafka_settings, limit)
+    publisher = PublishDeadLettersFn(kafka_settings, lines)
+    publisher.setup()
+    try:
+        list(publisher.process(letter.to_json()))
+        publisher.finish_bundle()
+    finally:
+        publisher.teardown()
+    (record,) = topic_records(kafka_settings, lines)
+    published = DeadLetter.from_json(record.value.decode())
+    assert published.truncated
+    assert huge.startswith(published.payload)
+    assert published.payload_length == len(huge)
+    assert published.payload_sha256 == letter.payload_sha256
+    assert (published.source, published.offset) == (topic, 0)
+    assert published.reason == letter.reason
 
 
 def _stream_read(

@@ -50,6 +50,7 @@ from typing import Any, Final
 from features.deadletter import DeadLetter
 from features.example_messages import decode_example_message
 from features.kafka.settings import MAX_MESSAGE_BYTES, KafkaSettings
+from features.kafka.topics import RECORD_OVERHEAD_BYTES
 from trainer.batch import Batch
 from trainer.inputs import make_batch
 
@@ -59,10 +60,6 @@ PROBE_EVERY_S: Final = 1.0
 PROBE_TIMEOUT_MS: Final = 1500
 MAX_BACKOFF_S: Final = 30.0
 FENCE_TIMEOUT_S: Final = 10.0
-# Apache Kafka's default message.max.bytes, for a cluster that will not say.
-KAFKA_DEFAULT_MESSAGE_BYTES: Final = 1_048_588
-# Room for the record batch framing and the dead letter's headers.
-DEAD_LETTER_OVERHEAD_BYTES: Final = 16 * 1024
 MAX_REASON_CHARS: Final = 2000
 
 
@@ -465,7 +462,7 @@ class KafkaSource:
 
             ensure_topics(self.settings, {self.dead_letter: 1})
             limit = self._dead_letter_topic_limit()
-            self._dead_letter_payload_bytes = max(0, limit - DEAD_LETTER_OVERHEAD_BYTES)
+            self._dead_letter_payload_bytes = max(0, limit - RECORD_OVERHEAD_BYTES)
             self._producer = KafkaProducer(
                 **self.settings.client_config(), acks="all", max_request_size=limit
             )
@@ -494,40 +491,8 @@ class KafkaSource:
 
     def _dead_letter_topic_limit(self) -> int:
         """The largest record the dead-letter topic accepts, in bytes."""
-        from kafka.admin import ConfigResource, ConfigResourceType, KafkaAdminClient
+        from features.kafka.topics import max_message_bytes
 
-        admin = KafkaAdminClient(**self.settings.client_config())
-        try:
-            topic = admin.describe_configs(
-                [ConfigResource(ConfigResourceType.TOPIC, self.dead_letter)],
-                config_filter="all",
-            )
-            value = (
-                topic.get("topic", {})
-                .get(self.dead_letter, {})
-                .get("max.message.bytes", {})
-                .get("value")
-            )
-            if value is None:
-                broker_id = admin.describe_cluster()["brokers"][0]["broker_id"]
-                broker = admin.describe_configs(
-                    [ConfigResource(ConfigResourceType.BROKER, str(broker_id))],
-                    config_filter="all",
-                )
-                value = (
-                    next(iter(broker.get("broker", {}).values()), {})
-                    .get("message.max.bytes", {})
-                    .get("value")
-                )
-        except Exception as error:
-            log.warning(
-                "cannot read max.message.bytes of %s (%s); assuming Kafka's default",
-                self.dead_letter,
-                error,
-            )
-            value = None
-        finally:
-            admin.close()
-        limit = int(value) if value else KAFKA_DEFAULT_MESSAGE_BYTES
+        limit = max_message_bytes(self.settings, self.dead_letter)
         log.info("dead letters to %s: records up to %d bytes", self.dead_letter, limit)
         return limit

@@ -12,11 +12,16 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, Final
 
 from features.kafka.settings import MAX_MESSAGE_BYTES, KafkaSettings
 
 log = logging.getLogger(__name__)
+
+KAFKA_DEFAULT_MESSAGE_BYTES: Final = 1_048_588
+"""Apache Kafka's default ``message.max.bytes``, for a cluster that will not say."""
+RECORD_OVERHEAD_BYTES: Final = 16 * 1024
+"""Room a record needs beyond its value: batch framing, key and headers."""
 
 
 def ensure_topics(
@@ -117,3 +122,40 @@ def topic_records(settings: KafkaSettings, topic: str) -> Iterator[Any]:
                 yield from records
     finally:
         consumer.close()
+
+
+def max_message_bytes(settings: KafkaSettings, topic: str) -> int:
+    """The largest record ``topic`` accepts: its ``max.message.bytes``, else
+    the broker's ``message.max.bytes``, else Kafka's default."""
+    from kafka.admin import ConfigResource, ConfigResourceType, KafkaAdminClient
+
+    admin = KafkaAdminClient(**settings.client_config())
+    try:
+        described: dict[str, Any] = admin.describe_configs(
+            [ConfigResource(ConfigResourceType.TOPIC, topic)], config_filter="all"
+        )
+        value = (
+            described.get("topic", {})
+            .get(topic, {})
+            .get("max.message.bytes", {})
+            .get("value")
+        )
+        if value is None:
+            broker_id = admin.describe_cluster()["brokers"][0]["broker_id"]
+            described = admin.describe_configs(
+                [ConfigResource(ConfigResourceType.BROKER, str(broker_id))],
+                config_filter="all",
+            )
+            brokers: dict[str, Any] = described.get("broker", {})
+            first: dict[str, Any] = next(iter(brokers.values()), {})
+            value = first.get("message.max.bytes", {}).get("value")
+    except Exception as error:
+        log.warning(
+            "cannot read max.message.bytes of %s (%s); assuming Kafka's default",
+            topic,
+            error,
+        )
+        value = None
+    finally:
+        admin.close()
+    return int(value) if value else KAFKA_DEFAULT_MESSAGE_BYTES

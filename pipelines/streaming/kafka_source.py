@@ -31,9 +31,7 @@ EVENT_SCHEMA plus the Kafka record time ``published_ms``), timestamped with
 its earliest event time, so it holds the downstream watermark until it is
 processed; dead letters (tagged ``dead_letters``) as
 :meth:`features.deadletter.DeadLetter.to_json` lines (topic, partition,
-offset, reason, the message's bytes: at most the first
-:data:`~features.events.MAX_EVENT_BYTES` of them, so that a letter always
-fits on the dead-letter topic, with the whole message's length and hash);
+offset, reason, the message's bytes, their length and hash);
 progress marks (tagged ``marks``) for the offset committer.
 
 Offsets: the consumer never auto-commits. What is committed, and when, is the
@@ -60,7 +58,7 @@ from apache_beam.transforms.core import RestrictionProvider, WatermarkEstimatorP
 from apache_beam.utils.timestamp import Duration, Timestamp
 
 from features.deadletter import DeadLetter
-from features.events import EVENT_SCHEMA, MAX_EVENT_BYTES, decode_event, now_ms
+from features.events import EVENT_SCHEMA, decode_event, now_ms
 from features.kafka import KafkaSettings
 from pipelines.streaming.tables import STREAM_EVENT_SCHEMA
 
@@ -514,7 +512,8 @@ class ReadTopicFn(beam.DoFn):  # type: ignore[misc]
 def _dead_letter(
     payload: bytes, reason: str, topic: str, partition: int, offset: int
 ) -> str:
-    """The dead-letter line of a message, cut to fit the dead-letter topic."""
+    """The dead-letter line of a message, whole (the publisher fits it to
+    its topic: :class:`pipelines.streaming.publish.PublishDeadLettersFn`)."""
     letter = DeadLetter(
         source=topic,
         partition=partition,
@@ -522,7 +521,7 @@ def _dead_letter(
         reason=reason,
         payload=payload,
     )
-    return letter.truncated_to(MAX_EVENT_BYTES).to_json()
+    return letter.to_json()
 
 
 class StartOf(beam.DoFn):  # type: ignore[misc]

@@ -29,12 +29,14 @@ import apache_beam as beam
 import pyarrow as pa
 from apache_beam.metrics import Metrics
 
+from features.deadletter import DeadLetter
 from features.example_messages import (
     decode_example_message,
     encode_example_message,
     message_headers,
 )
 from features.kafka import KafkaSettings, topic_records
+from features.kafka.topics import RECORD_OVERHEAD_BYTES, max_message_bytes
 from features.windows import timeline_segments
 from pipelines.streaming.tables import state_table
 
@@ -122,24 +124,32 @@ class PublishExampleMessagesFn(beam.DoFn):  # type: ignore[misc]
 
 
 class PublishDeadLettersFn(beam.DoFn):  # type: ignore[misc]
-    """Dead-letter JSON lines -> their Kafka topic."""
+    """Dead-letter JSON lines -> their Kafka topic, each whole when the topic
+    takes it, else with its payload cut to fit (``truncated``, with the whole
+    payload's length and hash): never dropped, never refused by the broker."""
 
     def __init__(self, settings: KafkaSettings, topic: str) -> None:
         self._settings = settings
         self._topic = topic
         self._producer: Any = None
+        self._max_line_bytes = 0
         self.count = Metrics.counter(METRICS_NAMESPACE, "dead_letters_published")
+        self.cut = Metrics.counter(METRICS_NAMESPACE, "dead_letters_truncated")
 
     def setup(self) -> None:
-        """One producer per worker."""
+        """One producer per worker, allowed the topic's largest record."""
         from kafka import KafkaProducer
 
-        self._producer = KafkaProducer(
-            **self._settings.client_config(), **PRODUCER_TUNING
-        )
+        limit = max_message_bytes(self._settings, self._topic)
+        self._max_line_bytes = limit - RECORD_OVERHEAD_BYTES
+        tuning = {**PRODUCER_TUNING, "max_request_size": limit}
+        self._producer = KafkaProducer(**self._settings.client_config(), **tuning)
 
     def process(self, line: str) -> Iterator[Any]:
         """Send one dead letter."""
+        if len(line) > self._max_line_bytes:
+            line = DeadLetter.from_json(line).to_json_within(self._max_line_bytes)
+            self.cut.inc()
         self._producer.send(self._topic, value=line.encode())
         self.count.inc()
         yield from ()
