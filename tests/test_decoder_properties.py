@@ -44,6 +44,7 @@ from features.example_messages import (
     message_headers,
 )
 from pipelines.beam.validate import ValidateEventsFn
+from tests.test_events import IMPRESSION
 from trainer.distill.records import decode_teacher_message, teacher_message_headers
 
 
@@ -56,22 +57,7 @@ def hostile(max_examples: int) -> settings:
     )
 
 
-VALID_EVENT: dict[str, Any] = {
-    "schema_version": 1,
-    "event_id": "e-1",
-    "event_time": FUZZ_NOW_MS - 60_000,
-    "user_id": 42,
-    "domain": "instagram",
-    "surface": "reels",
-    "action": "impression",
-    "ad_id": 7,
-    "advertiser_id": 3,
-    "campaign_id": 11,
-    "ad_format": "video",
-    "objective": "conversions",
-    "impression_id": None,
-    "content_id": None,
-}
+VALID_EVENT: dict[str, Any] = {**IMPRESSION, "event_time": FUZZ_NOW_MS - 60_000}
 
 # Every code point, lone surrogates included (a JSON "\ud800" escape decodes
 # to one).
