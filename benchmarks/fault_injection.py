@@ -50,15 +50,14 @@ from features.kafka import EmbeddedKafka, KafkaSettings, ensure_topics, topic_re
 from pipelines.event_stream import publish_events
 from pipelines.reference import build_reference, read_input
 from pipelines.synthetic import GeneratorConfig, generate_dataset, validation_now_ms
+from trainer.checkpoint import PAUSE_ENV as CHECKPOINT_PAUSE_ENV
 from trainer.checkpoint import list_checkpoints
+from trainer.daemon import APPLIED_LOG_ENV
 
 REPO = Path(__file__).resolve().parents[1]
 EVENTS_TOPIC = "events"
 EXAMPLES_TOPIC = "examples"
 SHARDS = 4
-# The daemon's test-only log of the records each checkpoint applied.
-APPLIED_LOG_ENV = "GEM_DAEMON_APPLIED_LOG"
-CHECKPOINT_PAUSE_ENV = "GEM_CHECKPOINT_PAUSE_S"
 TIMING_TOPIC = "examples-timing"
 
 
