@@ -108,7 +108,7 @@ def kafka_python_consume(
 
     started = time.perf_counter()
     consumer = KafkaConsumer(
-        **settings.client_config(),
+        **settings.consumer_config(),
         group_id=None,
         enable_auto_commit=False,
         max_partition_fetch_bytes=16 * 1024 * 1024,
@@ -367,7 +367,7 @@ def sharding_mode(args: argparse.Namespace, values: list[bytes]) -> dict[str, An
         )
         ensure_topics(settings, {TOPIC: PARTITIONS})
         producer = KafkaProducer(
-            **settings.client_config(), max_request_size=64 * 1024 * 1024
+            **settings.producer_config(max_request_size=64 * 1024 * 1024)
         )
         for i, value in enumerate(values):
             producer.send(
@@ -448,7 +448,7 @@ def main() -> int:
     with EmbeddedKafka() as broker, tempfile.TemporaryDirectory() as tmp:
         ensure_topics(broker.settings, {TOPIC: PARTITIONS})
         producer = KafkaProducer(
-            **broker.settings.client_config(), max_request_size=64 * 1024 * 1024
+            **broker.settings.producer_config(max_request_size=64 * 1024 * 1024)
         )
         for i, value in enumerate(values):
             producer.send(

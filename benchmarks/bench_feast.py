@@ -13,19 +13,20 @@ contract's schemas, straight from numpy (no feature job needed).
   (``feature_store.yaml``: the guarded SQLite store and the batch engine
   :mod:`pipelines.feast_engine`: pyarrow read of the window, whole-column
   encoding to Feast's bytes, bulk upsert); with ``--feast-engine`` also
-  Feast's stock local engine into the same store (Dask read, Feast's
-  per-value converter). Peer: ``sqlite3.executemany`` of exactly the rows
-  Feast wrote (read back from its table: same keys, same serialized values)
-  into a fresh table with the same DDL (table and its ``entity_key`` index),
-  one transaction.
+  Feast's stock local engine on the same tables into the same kind of store
+  (Dask read, Feast's per-value converter), and the ratio. Peer:
+  ``sqlite3.executemany`` of exactly the rows Feast wrote (read back from its
+  table: same keys, same serialized values) into a fresh table with the same
+  DDL (table and its ``entity_key`` index), one transaction.
 - **Redis**: ``store.materialize`` on the repository's prod configuration
   (``feature_store.prod.yaml``: Redis, same engine; its SQL registry on a
   SQLite file here). Peer: a redis-py pipeline writing exactly the hashes
-  Feast wrote (read back with HGETALL).
+  Feast wrote (read back with HGETALL). ``--feast-engine``: Feast's stock
+  engine too, into a project of its own.
 - **Online latency**: ``get_online_features`` of the ``user_context_v1``
   service (profile, counters, sequence) for one random user, ``--requests``
-  times, p50 / p99 of wall and CPU time; against Redis (the target: the prod
-  yaml's store, and Feast's stock Redis store on the same data) and SQLite.
+  times, p50 / p99 of wall and CPU time; against Redis (the prod yaml's:
+  Feast's Redis store) and SQLite (the guarded store).
   The machine's load average is printed with the results.
 
 Rows/s counts view rows (users x 3 views). Needs the ``redis`` package for the
@@ -166,17 +167,20 @@ def stored_rows(store: FeatureStore, state: Path) -> int:
 # --- Redis -----------------------------------------------------------------------
 
 
-def redis_store(state: Path, project: str) -> FeatureStore:
-    """The repository's prod configuration (``feature_store.prod.yaml``: Redis
-    store, our batch engine), its SQL registry on a SQLite file instead of
-    PostgreSQL (the registry is not what is measured)."""
+def redis_store(
+    state: Path, project: str, engine: feast_ops.Engine | None = None
+) -> FeatureStore:
+    """The repository's prod configuration (``feature_store.prod.yaml``: Feast's
+    Redis store, our batch engine unless ``engine``), its SQL registry on a
+    SQLite file instead of PostgreSQL (the registry is not what is measured)."""
     state.mkdir(parents=True, exist_ok=True)
     return FeatureStore(
         config=feast_ops.repo_config(
             "prod",
             project=project,
-            registry_url=f"sqlite:///{state / 'registry.db'}",
+            registry_url=f"sqlite:///{state / f'registry-{project}.db'}",
             redis=REDIS,
+            engine=engine,
         )
     )
 
@@ -242,24 +246,6 @@ def latency_ms(store: FeatureStore, users: int, requests: int) -> dict[str, floa
     }
 
 
-def stock_redis_store(store: FeatureStore, state: Path) -> FeatureStore:
-    """Feast's stock Redis store on the same project and registry (the read
-    path's peer)."""
-    from feast import RepoConfig
-    from feast.infra.online_stores.redis import RedisOnlineStoreConfig
-
-    return FeatureStore(
-        config=RepoConfig(
-            project=store.project,
-            provider="local",
-            registry=store.config.registry,
-            online_store=RedisOnlineStoreConfig(connection_string=REDIS),
-            entity_key_serialization_version=3,
-            repo_path=state,
-        )
-    )
-
-
 def apply_user_context(store: FeatureStore, features_dir: Path) -> None:
     objects = feast_ops.repo_objects(features_dir)
     store.apply([objects.services["user_context_v1"]])
@@ -311,6 +297,9 @@ def run(
             results["sqlite"]["feast_engine_rows"] = stored_rows(
                 engine_store, engine_state
             )
+            results["sqlite"]["engine_ratio"] = (
+                results["sqlite"]["feast_engine_s"] / feast_s
+            )
         apply_user_context(store, root / "features")
         results["sqlite"]["latency"] = latency_ms(store, users, min(requests, 2000))
 
@@ -326,7 +315,6 @@ def run(
             feast_s = materialize_seconds(rstore, root / "features")
             peer_s, hashes = redis_peer_seconds(project)
             apply_user_context(rstore, root / "features")
-            stock = stock_redis_store(rstore, root / "redis")
             results["redis"] = {
                 "feast_s": feast_s,
                 "feast_rows_per_s": _rate(view_rows, feast_s),
@@ -335,10 +323,18 @@ def run(
                 "hashes": hashes,
                 "ratio": peer_s / feast_s,
                 "latency": latency_ms(rstore, users, requests),
-                "latency_stock_store": latency_ms(stock, users, requests),
             }
         finally:
             rstore.teardown()
+        if feast_engine:
+            engine_project = f"bench_{uuid.uuid4().hex[:8]}"
+            engine_store = redis_store(root / "redis", engine_project, engine="feast")
+            try:
+                engine_s = materialize_seconds(engine_store, root / "features")
+            finally:
+                engine_store.teardown()
+            results["redis"]["feast_engine_s"] = engine_s
+            results["redis"]["engine_ratio"] = engine_s / feast_s
     results["load_avg_end"] = os.getloadavg()
     return results
 
@@ -365,18 +361,18 @@ def _print(results: dict[str, Any]) -> None:
                 f"(expected {r['sqlite_rows_expected']:,})"
             )
         if "feast_engine_s" in r:
+            rows = r.get("feast_engine_rows")
             print(
-                f"  Feast's own engine (store.materialize, Dask): "
+                f"  Feast's stock engine (store.materialize, Dask), same tables: "
                 f"{r['feast_engine_s']:.1f} s = "
-                f"{_rate(results['view_rows'], r['feast_engine_s']):,.0f} rows/s, "
-                f"{r['feast_engine_rows']:,} SQLite rows written"
+                f"{_rate(results['view_rows'], r['feast_engine_s']):,.0f} rows/s"
+                + (f", {rows:,} SQLite rows written" if rows is not None else "")
+                + f"; stock / ours = {r['engine_ratio']:.2f}"
             )
-        for key, label in (("latency", ""), ("latency_stock_store", " stock store")):
-            if key not in r:
-                continue
-            lat = r[key]
+        if "latency" in r:
+            lat = r["latency"]
             print(
-                f"  online user_context_v1, 1 user{label}: p50 {lat['p50_ms']:.2f} ms, "
+                f"  online user_context_v1, 1 user: p50 {lat['p50_ms']:.2f} ms, "
                 f"p99 {lat['p99_ms']:.2f} ms, mean {lat['mean_ms']:.2f} ms "
                 f"(CPU p50 {lat['cpu_p50_ms']:.2f} ms, p99 {lat['cpu_p99_ms']:.2f} ms)"
             )

@@ -98,7 +98,7 @@ def _daemon_command(settings: KafkaSettings, work: Path) -> list[str]:
     return [
         sys.executable, "-m", "trainer.daemon",
         f"--kafka-bootstrap={settings.bootstrap}", f"--topic={EXAMPLES_TOPIC}",
-        "--group=faults", f"--checkpoint-dir={work / 'ckpt'}",
+        "--group=faults", f"--checkpoint-dir={work / 'ckpt'}", "--preset=tiny",
         "--checkpoint-every=2", "--idle-seconds=3",
     ]  # fmt: skip
 

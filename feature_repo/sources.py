@@ -7,18 +7,23 @@ job updates between batch runs (the counters and the behaviour sequence) are
 wrapped in a ``PushSource``, so ``store.push(...)`` writes fresh rows to the
 online store while the batch source stays what training reads.
 
-The features dir is ``$GEM_FEATURES_DIR``, else the demo's output
-(``demo-output/features`` at the repository root). It is read when this file is
-imported (``feast apply`` imports it), so the registry records the path that
-was in force at apply time.
+The features dir is ``$GEM_FEATURES_DIR``; else the demo's output
+(``demo-output/features`` at the repository root) once the feature job has
+written it; else, on a fresh clone, empty tables in the contract's schemas
+that this file writes under ``data/empty_features/``, so that ``feast apply``
+and ``feast materialize-incremental`` work before any data exists (and
+materialize nothing). It is read when this file is imported (``feast apply``
+imports it), so the registry records the path in force at apply time.
 """
 
 from __future__ import annotations
 
 import os
+import uuid
 from pathlib import Path
 from typing import Final
 
+import pyarrow.parquet as pq
 from feast import FileSource, PushSource
 from feast.data_format import ParquetFormat
 from feast.data_source import DataSource
@@ -29,6 +34,8 @@ FEATURES_DIR_ENV: Final = "GEM_FEATURES_DIR"
 DEFAULT_FEATURES_DIR: Final = (
     Path(__file__).resolve().parents[1] / "demo-output" / "features"
 )
+EMPTY_FEATURES_DIR: Final = Path(__file__).resolve().parent / "data" / "empty_features"
+"""Where the empty contract tables of a fresh clone go (git-ignored)."""
 PUSHED_TABLES: Final = (
     "user_counters",
     "ad_counters",
@@ -39,9 +46,30 @@ PUSHED_TABLES: Final = (
 
 
 def features_dir() -> Path:
-    """The feature job's output dir in force (``$GEM_FEATURES_DIR`` or the demo's)."""
+    """The features dir in force: ``$GEM_FEATURES_DIR``, else the demo's output
+    if the feature job wrote it, else :func:`empty_features_dir`."""
     configured = os.environ.get(FEATURES_DIR_ENV)
-    return Path(configured).resolve() if configured else DEFAULT_FEATURES_DIR
+    if configured:
+        return Path(configured).resolve()
+    if (DEFAULT_FEATURES_DIR / "feature_tables").is_dir():
+        return DEFAULT_FEATURES_DIR
+    return empty_features_dir()
+
+
+def empty_features_dir(directory: Path = EMPTY_FEATURES_DIR) -> Path:
+    """``directory``, holding every feature table with no rows, in the
+    contract's schema (written where missing); a features dir with no data."""
+    for name, table in FEATURE_TABLES.items():
+        path = table_path(directory, name)
+        if path.is_file():
+            continue
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # Written aside, then renamed: two processes importing this at once
+        # never see half a file.
+        partial = path.with_name(f".{path.name}.{uuid.uuid4().hex}")
+        pq.write_table(table.schema.empty_table(), partial)
+        partial.replace(path)
+    return directory
 
 
 def table_path(directory: Path, name: str) -> Path:

@@ -11,6 +11,16 @@ This package imports neither torch nor Apache Beam, so every process (a Beam
 worker, the trainer, a Feast repository) can load it cheaply.
 """
 
-from features.events import SCHEMA_VERSION
+from typing import Any
 
 __all__ = ["SCHEMA_VERSION"]
+
+
+def __getattr__(name: str) -> Any:
+    # On first use: importing the package (every ``features.*`` module does)
+    # must not load pyarrow, so that commands answer --help at once.
+    if name == "SCHEMA_VERSION":
+        from features.events import SCHEMA_VERSION
+
+        return SCHEMA_VERSION
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -34,6 +34,19 @@ QUIET_LOGGERS: Final = {
     "apache_beam.io.gcp": logging.ERROR,
     "apache_beam.internal.gcp": logging.ERROR,
 }
+# Single lines dropped at the logger that emits them (logger name -> message
+# prefixes), where the logger's other lines matter: Beam's "apitools not
+# found" (root, while Beam's GCP io imports; no job here reads BigQuery),
+# fbgemm's "Successfully loaded" per shared library (root, INFO), Prism
+# starting and stopping for every job (WARNING). kafka-python's own noise is
+# dropped by features.kafka.client_fixes.
+DROPPED_LINES: Final = {
+    "root": ("apitools not found", "Successfully loaded"),
+    "apache_beam.utils.subprocess_server": (
+        "Really starting service",
+        "Really destroying service",
+    ),
+}
 
 
 class CommandError(Exception):
@@ -147,6 +160,26 @@ def closest_flag_hint(message: str, known: Sequence[str]) -> str:
     return f" ({'; '.join(hints)})" if hints else ""
 
 
+class DropLines(logging.Filter):
+    """Drops a logger's records whose message starts with one of ``prefixes``."""
+
+    def __init__(self, prefixes: tuple[str, ...]) -> None:
+        super().__init__()
+        self.prefixes = prefixes
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(self.prefixes)
+
+
+def drop_library_lines() -> None:
+    """Attach :data:`DROPPED_LINES`' filters (once each; a logger's filters
+    see only the records logged on it, not its children's)."""
+    for name, prefixes in DROPPED_LINES.items():
+        logger = logging.getLogger(None if name == "root" else name)
+        if not any(isinstance(f, DropLines) for f in logger.filters):
+            logger.addFilter(DropLines(prefixes))
+
+
 def configure_logging(level: str = "info") -> None:
     """Root logging at ``level`` (one of :data:`LOG_LEVELS`), quiet libraries.
 
@@ -157,6 +190,7 @@ def configure_logging(level: str = "info") -> None:
     if level != "debug":
         for name, quiet in QUIET_LOGGERS.items():
             logging.getLogger(name).setLevel(quiet)
+        drop_library_lines()
 
 
 def user_error_line(error: BaseException) -> str | None:
@@ -169,13 +203,23 @@ def user_error_line(error: BaseException) -> str | None:
             return f"cannot open {error.filename}: {error.strerror}"
         return None
     # kafka-python is not imported here: features/ stays cheap to load.
-    kind = type(error)
-    if kind.__name__ == "NoBrokersAvailable" and kind.__module__.startswith("kafka"):
+    if no_broker(error):
         return (
             "no Kafka broker answers at the bootstrap address; check "
             "--kafka-bootstrap and that the broker is up"
         )
     return None
+
+
+def no_broker(error: BaseException) -> bool:
+    """kafka-python's "found no broker at the bootstrap address": its admin
+    client says it with a timeout, its other clients with NoBrokersAvailable."""
+    kind = type(error)
+    if not kind.__module__.startswith("kafka"):
+        return False
+    return kind.__name__ == "NoBrokersAvailable" or (
+        kind.__name__ == "KafkaTimeoutError" and "bootstrap" in str(error)
+    )
 
 
 def run_command(

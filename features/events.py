@@ -364,7 +364,9 @@ def encode_event_table(table: pa.Table) -> list[bytes]:
     its bytes, so a rejected row's wire form keeps what the file held.
     """
     try:
-        return [line.encode() for line in events_to_jsonl(table).splitlines()]
+        # "\n" only: str.splitlines also splits inside strings at U+0085, U+2028.
+        lines = events_to_jsonl(table).split("\n")
+        return [line.encode() for line in lines if line]
     except (ValueError, OverflowError, pa.ArrowException):
         # Bytes that are not UTF-8, a time outside pandas' or Python's range.
         return [_encode_row(table.slice(i, 1)) for i in range(table.num_rows)]

@@ -34,13 +34,13 @@ import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
-
-import numpy as np
-import pyarrow.parquet as pq
+from typing import TYPE_CHECKING, Any
 
 from features import vocab
-from features.metrics import binary_metrics
+from features.cli import CommandError, CommandParser, run_command
+
+if TYPE_CHECKING:
+    import numpy as np
 
 # Training objective -> (true probability column, realised outcome column).
 _COLUMNS = {
@@ -51,6 +51,8 @@ _COLUMNS = {
 
 def _metrics(labels: np.ndarray, probs: np.ndarray) -> dict[str, Any]:
     """Count, positives, base rate, NE, AUC and calibration of one slice."""
+    from features.metrics import binary_metrics
+
     if labels.size == 0:
         return {
             "count": 0,
@@ -83,6 +85,8 @@ def bayes_optimal_report(input_dir: Path | str) -> dict[str, Any]:
         ``ne``, ``auc`` and ``calibration`` (NaN where undefined, e.g. a slice
         with no positive).
     """
+    import pyarrow.parquet as pq
+
     truth = pq.read_table(Path(input_dir) / "truth.parquet")
     domains = truth.column("domain").to_numpy(zero_copy_only=False)
     report: dict[str, Any] = {"by_domain": {}, "overall": {}}
@@ -128,18 +132,66 @@ def _json_safe(value: Any) -> Any:
     return value
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Print the Bayes-optimal report of a generated data set."""
-    parser = argparse.ArgumentParser(
-        prog="python -m pipelines.bayes",
-        description="NE / AUC / calibration of the generator's true probabilities.",
-    )
-    parser.add_argument("--input", required=True, help="generator output directory")
-    parser.add_argument("--json", action="store_true", help="print JSON")
-    args = parser.parse_args(argv)
+def pooled_click(by_domain: dict[str, dict[str, Any]]) -> dict[str, float]:
+    """One click figure over every domain, from per-domain slices alone.
+
+    What the trainer's progressive tables give (per domain, no scores), so
+    the same pooling puts a model and the ceiling side by side:
+
+    - ``ne``: exact. Each slice's log loss is ``ne * count * H(base rate)``;
+      their sum over ``count * H(pooled base rate)``.
+    - ``auc``: over the (click, non-click) pairs *within* a domain, i.e. the
+      per-domain AUCs weighted by their pairs (how ads are ranked: within a
+      surface, never across).
+
+    Args:
+        by_domain: ``{domain: {"count", "positives", "ne", "auc", ...}}``;
+            slices without both outcomes are left out.
+
+    Returns:
+        ``{"count", "positives", "base_rate", "ne", "auc"}`` (NaN: no slice).
+
+    Example:
+        >>> one = {"count": 100, "positives": 10, "ne": 0.9, "auc": 0.7}
+        >>> pooled = pooled_click({"a": one, "b": one})
+        >>> round(pooled["ne"], 6), round(pooled["auc"], 6)
+        (0.9, 0.7)
+    """
+    count = positives = loss = pairs = ranked = 0.0
+    for m in by_domain.values():
+        n, p = float(m["count"]), float(m["positives"])
+        if not 0 < p < n or not math.isfinite(m["ne"]) or not math.isfinite(m["auc"]):
+            continue
+        count, positives = count + n, positives + p
+        loss += m["ne"] * n * _entropy(p / n)
+        pairs += p * (n - p)
+        ranked += m["auc"] * p * (n - p)
+    if count == 0:
+        nan = math.nan
+        return {"count": 0, "positives": 0, "base_rate": nan, "ne": nan, "auc": nan}
+    rate = positives / count
+    return {
+        "count": count,
+        "positives": positives,
+        "base_rate": rate,
+        "ne": loss / (count * _entropy(rate)),
+        "auc": ranked / pairs,
+    }
+
+
+def _entropy(rate: float) -> float:
+    """Log loss per example of always predicting ``rate`` (nats)."""
+    return -(rate * math.log(rate) + (1 - rate) * math.log1p(-rate))
+
+
+def _print_report(args: argparse.Namespace) -> int:
     path = Path(args.input) / "truth.parquet"
-    if not path.exists():
-        parser.error(f"{path} not found: is --input a generator output directory?")
+    if not path.is_file():
+        raise CommandError(
+            f"{path} not found",
+            "--input must be a generator output directory (python -m "
+            "pipelines.generate writes one)",
+        )
     report = bayes_optimal_report(args.input)
     if args.json:
         json.dump(_json_safe(report), sys.stdout, indent=2, allow_nan=False)
@@ -147,6 +199,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         print(format_report(report))
     return 0
+
+
+def build_parser() -> CommandParser:
+    """The command's flags."""
+    parser = CommandParser(
+        "pipelines.bayes",
+        "NE / AUC / calibration of the generator's true probabilities:\n"
+        "the ceiling for any model on that data.",
+    )
+    parser.add_argument(
+        "--input", required=True, help="generator output directory (truth.parquet)"
+    )
+    parser.add_argument(
+        "--json", action="store_true", help="print the report as JSON, not a table"
+    )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Print the Bayes-optimal report of a generated data set."""
+    return run_command(build_parser(), _print_report, argv)
 
 
 if __name__ == "__main__":

@@ -1,195 +1,130 @@
 """``python -m pipelines.build``: raw events -> training examples, timelines,
-feature tables (and optionally a Kafka topic of example batches).
+feature tables (and optionally a Kafka topic of example batches), as a Beam
+job on any runner.
 
-    python -m pipelines.build --runner=DirectRunner --input DIR --output DIR \
-        [--events-topic T] [--kafka-bootstrap HOST:PORT --examples-topic T] \
-        [--max-seq-len N] [--shards 16]
-    python -m pipelines.build --streaming --runner=DirectRunner --input DIR \
+    python -m pipelines.build --input DIR --output DIR [--shards 16] \\
+        [--runner=DirectRunner] [--events-topic T] \\
+        [--kafka-bootstrap HOST:PORT --examples-topic T] [--max-seq-len N]
+    python -m pipelines.build --streaming --runner=DirectRunner --input DIR \\
         --kafka-bootstrap HOST:PORT --events-topic T --examples-topic T2 ...
 
-The output layout and the counts of ``summary.json`` are the contract of
-:data:`features.feature_tables.OUTPUT_LAYOUT`; ``pipelines.reference`` writes
-the same from one process, and the tests hold the two together.
-
-The stages (``pipelines/beam/``), each a composite transform named for what
-it produces; batches cross every shuffle as Arrow IPC, keyed by user shard::
-
-    ReadEvents -> ValidateEvents -> DedupeEvents -> BuildTimelines -> WriteTimelines
-                       |               |      |          +-> WriteUserSequences
-                   dead letters        |      +-> CountEngagement -> BuildExamples
-                                       |                              |
-                   ReadDimensions  feature tables        WriteExamples, PublishExamples
-
-Runner-agnostic: any ``--runner`` works; the Kafka I/O is kafka-python inside
-DoFns (Beam's cross-language Kafka transforms need a Java expansion service).
-Locally, ``--runner=DirectRunner`` runs the batch job on Prism (built by ``make
-prism``) and no ``--runner`` on the faster in-process FnApiRunner
-(:mod:`pipelines.beam.runner`); ``summary.json`` names the runner that ran.
+``--input`` and ``--output`` are folders or URLs of any scheme Beam's
+filesystems know (``gs://bucket/out`` on Dataflow). Without ``--runner`` the
+batch job runs on the in-process FnApiRunner; ``--runner=DirectRunner`` runs
+it on Prism. The job is :mod:`pipelines.beam.job`; ``--streaming`` runs
+:mod:`pipelines.streaming.job` instead.
 """
 
 from __future__ import annotations
 
-import json
-import shutil
+import argparse
+import logging
 import sys
-import time
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
-import apache_beam as beam
-from apache_beam.metrics.metric import MetricsFilter
-from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+from features.cli import (
+    CommandError,
+    CommandParser,
+    drop_library_lines,
+    no_broker,
+    run_command,
+)
+from pipelines.beam.beam_flags import add_beam_arguments
+from pipelines.beam.flags import add_build_arguments
+from pipelines.streaming.flags import add_streaming_arguments
 
-from features.events import now_ms
-from features.feature_tables import COUNT_NAMES, FEATURE_TABLES, LAYOUT_VERSION
-from pipelines.beam import io
-from pipelines.beam.counters import EXAMPLE_COUNTERS, FEATURE_ROWS, CountEngagement
-from pipelines.beam.examples import BuildExamples, BuildProfiles
-from pipelines.beam.memory import reuse_freed_memory
-from pipelines.beam.options import GemBuildOptions, kafka_settings
-from pipelines.beam.runner import prepare_runner, runner_that_ran
-from pipelines.beam.timelines import BuildTimelines, DedupeEvents, WriteUserSequences
-from pipelines.beam.validate import METRICS_NAMESPACE, ValidateEvents
-
-OUTPUT_DIRS = ("examples", "timelines", "feature_tables", "dead_letters")
-# Feature tables gathered from per-shard pieces; user_sequence is built whole.
-PIECEWISE_TABLES = tuple(name for name in FEATURE_TABLES if name != "user_sequence")
+MODULE = "pipelines.build"
+# Ours, not Beam's: Beam is handed the rest of the command line.
+_OWN_FLAGS = ("--log-level",)
 
 
-def run(argv: list[str] | None = None) -> dict[str, Any]:
-    """Build the features; returns (and writes) the summary.
+def build_parser() -> CommandParser:
+    """Every flag of the command: the job's (batch and ``--streaming``) and
+    Beam's pipeline options (from a cache, :mod:`pipelines.beam.beam_flags`:
+    Beam itself is not imported), so a misspelled one of either is an error
+    naming the closest."""
+    parser = CommandParser(
+        MODULE,
+        __doc__,
+        # Beam's hundred-odd options would fill the usage line.
+        usage="%(prog)s --input DIR (--output DIR | --streaming ...) [FLAG ...]",
+    )
+    add_build_arguments(parser)
+    add_streaming_arguments(parser)
+    add_beam_arguments(parser)
+    for action in parser._actions:
+        if "--runner" in action.option_strings:
+            action.help = (
+                f"{action.help} This job without --runner: the FnApiRunner "
+                "(batch), Prism (--streaming)."
+            )
+    return parser
 
-    Raises:
-        pipelines.beam.io.InputFileError: an input file is missing or corrupt
-            (raised before the pipeline starts, naming the file).
-    """
-    pipeline_options = PipelineOptions(argv)
-    if pipeline_options.view_as(StandardOptions).streaming:
-        # Streaming mode: events from Kafka, examples to Kafka, Feast pushes
-        # (pipelines/streaming/; its flags are documented there).
+
+def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    """Run the job on Beam-style ``argv`` (the job's flags and Beam's):
+    the batch job, or the streaming one with ``--streaming``; returns the
+    summary. Flags are not checked here (:func:`main` does)."""
+    drop_library_lines()  # also for callers that skip run_command
+    from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+
+    flags = list(sys.argv[1:] if argv is None else argv)
+    options = PipelineOptions(flags)
+    if options.view_as(StandardOptions).streaming:
         from pipelines.streaming.job import run as run_streaming
 
-        return run_streaming(argv)
-    options = pipeline_options.view_as(GemBuildOptions)
-    if not options.input or not options.output:
-        raise SystemExit("--input and --output are required")
-    # Check inputs before building the graph: a clear error naming the file
-    # beats a runner stack trace.
-    files = io.check_inputs(options.input, events_required=not options.events_topic)
-    output = str(Path(options.output).resolve())
-    # Earlier runs' parts (maybe from another --shards) must not mix in, and
-    # their summary must not describe this run's outputs if it fails.
-    for name in OUTPUT_DIRS:
-        shutil.rmtree(Path(output) / name, ignore_errors=True)
-    (Path(output) / "summary.json").unlink(missing_ok=True)
-    # One validation clock for the whole run, recorded in the summary; the
-    # same rule as pipelines.reference (flag, else the generator manifest's
-    # validation_now_ms, else the wall clock), so both see the same events.
-    now = _validation_clock(options.input, options.now_ms)
-    shards = options.shards
-    # Here too: a runner may run the workers in this process (FnApiRunner's
-    # embedded worker does); workers elsewhere apply it in DoFn.setup.
-    reuse_freed_memory()
-    started = time.monotonic()
+        return run_streaming(flags)
+    from pipelines.beam.job import run_batch
 
-    prepare_runner(pipeline_options)
-    pipeline = beam.Pipeline(options=pipeline_options)
-    dimensions = pipeline | "ReadDimensions" >> io.ReadDimensions(options.input)
-    users, ads, contents = dimensions.users, dimensions.ads, dimensions.contents
+    return run_batch(options)
 
-    raw = [pipeline | "ReadEvents" >> io.ReadEvents(files)]
-    if options.events_topic:
-        from pipelines.beam.kafka_io import ReadKafkaEvents
 
-        raw.append(
-            pipeline
-            | "ReadKafkaEvents"
-            >> ReadKafkaEvents(
-                kafka_settings(options),
-                options.events_topic,
-                group_id=options.kafka_group_id,
-            )
+def beam_argv(argv: Sequence[str]) -> list[str]:
+    """``argv`` without this command's own flags (Beam would warn of them)."""
+    kept: list[str] = []
+    skip = False
+    for token in argv:
+        if skip:
+            skip = False
+            continue
+        name = token.split("=", 1)[0]
+        if name in _OWN_FLAGS:
+            skip = "=" not in token
+            continue
+        kept.append(token)
+    return kept
+
+
+def _build(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    if args.log_level != "debug":
+        # Beam logs each type hint it reads and each stage at INFO; kafka-python
+        # an ERROR per retry while it looks for a broker that is not there
+        # (what fails is said once, below).
+        logging.getLogger("apache_beam").setLevel(logging.WARNING)
+        logging.getLogger("kafka").setLevel(logging.CRITICAL)
+    if not args.input:
+        raise CommandError(
+            "--input is required",
+            "give the data set folder (pipelines.generate or pipelines.movielens "
+            "writes one)",
         )
-    validated = (
-        tuple(raw) | "AllRawEvents" >> beam.Flatten()
-    ) | "ValidateEvents" >> ValidateEvents(now)
-    _ = validated.dead_letters | "WriteDeadLetters" >> io.WriteDeadLetters(output)
-
-    events = validated.valid | "DedupeEvents" >> DedupeEvents(shards)
-    timelines = events | "BuildTimelines" >> BuildTimelines(ads, contents)
-    counters = events | "CountEngagement" >> CountEngagement(shards)
-    examples = events | "BuildExamples" >> BuildExamples(
-        counters[EXAMPLE_COUNTERS], users, ads
-    )
-    _ = examples | "WriteExamples" >> io.WriteExamples(output)
-    _ = timelines | "WriteTimelines" >> io.WriteTimelines(output)
-
-    profiles = (users, ads) | "BuildProfiles" >> BuildProfiles()
-    _ = (profiles, counters[FEATURE_ROWS]) | "WriteFeatureTables" >> (
-        io.WriteFeatureTables(output, names=PIECEWISE_TABLES)
-    )
-    _ = timelines | "WriteUserSequences" >> WriteUserSequences(output)
-
-    if options.examples_topic:
-        from features.kafka import ensure_topics
-        from pipelines.beam.kafka_io import PublishExamples
-
-        # Create the topic (one partition per shard) unless it exists: a
-        # broker that auto-creates would pick its own partition count.
-        ensure_topics(kafka_settings(options), {options.examples_topic: shards})
-
-        _ = (examples, timelines) | "PublishExamples" >> PublishExamples(
-            kafka_settings(options),
-            options.examples_topic,
-            max_seq_len=options.max_seq_len,
-            examples_per_message=options.examples_per_message,
-        )
-
-    result = pipeline.run()
-    result.wait_until_finish()
-    found = _counters(result)
-    summary: dict[str, Any] = {
-        # Exactly the contract's counts (OUTPUT_LAYOUT), which add up.
-        "counts": {name: found.get(name, 0) for name in COUNT_NAMES},
-        "now_ms": now,
-        "layout_version": LAYOUT_VERSION,
-        "runner": runner_that_ran(pipeline_options, result),
-        "seconds": round(time.monotonic() - started, 3),
-    }
-    if options.examples_topic:
-        summary["published"] = {
-            "topic": options.examples_topic,
-            "messages": found.get("messages_published", 0),
-            "examples": found.get("examples_published", 0),
-        }
-    (Path(output) / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    return summary
-
-
-def _validation_clock(input_dir: str, flag: int | None) -> int:
-    """``--now-ms``, else ``manifest.json``'s ``validation_now_ms``, else now."""
-    if flag is not None:
-        return flag
+    if not args.streaming and not args.output:
+        raise CommandError("--output is required", "give a folder for the features")
     try:
-        manifest = json.loads((Path(input_dir) / "manifest.json").read_text())
-        return int(manifest["validation_now_ms"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return now_ms()
-
-
-def _counters(result: Any) -> dict[str, int]:
-    """The job's Beam counters (committed values: retried bundles count once)."""
-    query = result.metrics().query(MetricsFilter().with_namespace(METRICS_NAMESPACE))
-    found: dict[str, int] = {}
-    for counter in query["counters"]:
-        name = counter.key.metric.name
-        found[name] = found.get(name, 0) + int(counter.committed or 0)
-    return found
-
-
-def main(argv: list[str] | None = None) -> int:
-    """CLI entry point: run and print the counts."""
-    summary = run(sys.argv[1:] if argv is None else argv)
+        summary = run(beam_argv(argv))
+    except SystemExit as stop:
+        # The streaming job stops with its message (its callers catch that).
+        if isinstance(stop.code, str):
+            raise CommandError(stop.code) from None
+        raise
+    except Exception as error:
+        if no_broker(error):
+            raise CommandError(
+                f"no Kafka broker answers at {args.kafka_bootstrap}",
+                "check --kafka-bootstrap and that the broker is up",
+            ) from error
+        raise
     for name, value in summary["counts"].items():
         print(f"{name:>22}: {value:,}")
     if "published" in summary:
@@ -199,6 +134,12 @@ def main(argv: list[str] | None = None) -> int:
             f"{published['messages']:,} messages to {published['topic']}"
         )
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """CLI entry point: check every flag, run, print the counts."""
+    flags = list(sys.argv[1:] if argv is None else argv)
+    return run_command(build_parser(), lambda args: _build(args, flags), flags)
 
 
 if __name__ == "__main__":

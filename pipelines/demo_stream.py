@@ -461,7 +461,7 @@ def _wait_for_records(
     ``READY_TIMEOUT_S`` passing first is an error)."""
     from kafka import KafkaConsumer, TopicPartition
 
-    consumer = KafkaConsumer(**settings.client_config())
+    consumer = KafkaConsumer(**settings.consumer_config(group_id=None))
     try:
         deadline = time.monotonic() + READY_TIMEOUT_S
         while True:
@@ -571,6 +571,7 @@ def _start_trainer(
         f"--topic={EXAMPLES_TOPIC}",
         "--group=gem-trainer",
         f"--checkpoint-dir={out / 'ckpt'}",
+        "--preset=tiny",
         "--log-every=1",
         f"--metrics-jsonl={out / 'trainer.jsonl'}",
     ]

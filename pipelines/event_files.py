@@ -27,12 +27,16 @@ from typing import Any, Final
 
 import pyarrow as pa
 
+from features.cli import CommandError
+
 EVENT_SUFFIXES: Final = (".parquet", ".jsonl")
 PARQUET_BATCH_ROWS: Final = 262_144
 
 
-class InputFileError(ValueError):
-    """An input file is missing, unreadable or not what it should be."""
+class InputFileError(CommandError, ValueError):
+    """An input file is missing, unreadable or not what it should be: a
+    :class:`~features.cli.CommandError`, so a command reports it as one line
+    naming the file (exit status 2)."""
 
 
 def event_files(input_dir: str | Path, *, required: bool = True) -> list[str]:
@@ -41,7 +45,10 @@ def event_files(input_dir: str | Path, *, required: bool = True) -> list[str]:
     if not root.is_dir():
         if not required:
             return []
-        raise InputFileError(f"{root}: no events directory in --input {input_dir}")
+        raise InputFileError(
+            f"{root}: no events directory in --input {input_dir}",
+            "give --input the folder pipelines.generate or pipelines.movielens wrote",
+        )
     return sorted(
         str(p) for p in root.rglob("*") if p.is_file() and p.suffix in EVENT_SUFFIXES
     )

@@ -109,7 +109,7 @@ def publish_events(
         table = table.sort_by([("event_time", "ascending")])
     payloads = encode_event_table(table)
     keys = [str(u).encode() for u in table.column("user_id").to_pylist()]
-    producer = KafkaProducer(**settings.client_config(), **PRODUCER_TUNING)
+    producer = KafkaProducer(**settings.producer_config(**PRODUCER_TUNING))
     start = time.monotonic()
     sent_bytes = 0
     # Pace in small chunks: sleeping per message would cost more than sending.
@@ -139,7 +139,7 @@ def publish_raw(
     """Send raw message bodies as they are (used to inject malformed input)."""
     from kafka import KafkaProducer
 
-    producer = KafkaProducer(**settings.client_config())
+    producer = KafkaProducer(**settings.producer_config())
     count = 0
     try:
         for payload in payloads:
@@ -235,7 +235,7 @@ def read_events(
     if dead and dead_letter_topic:
         # The value is the original bytes, cut only where the topic is smaller.
         limit = max_message_bytes(settings, dead_letter_topic)
-        producer = KafkaProducer(**settings.client_config(), max_request_size=limit)
+        producer = KafkaProducer(**settings.producer_config(max_request_size=limit))
         try:
             for letter in dead:
                 copy = letter.truncated_to(limit - RECORD_OVERHEAD_BYTES)

@@ -19,7 +19,7 @@ feature view and window Feast hands it, it
    keys (:mod:`pipelines.feast_encode`, equal byte for byte to Feast's
    converter);
 3. writes them in Feast's own layout through the online store's client:
-   :class:`pipelines.feast_ops.GuardedSqliteOnlineStore` (one ``executemany``
+   :class:`pipelines.feast_sqlite.GuardedSqliteOnlineStore` (one ``executemany``
    per batch, in entity key order, a commit per ``batch_rows``) or Feast's
    Redis store (plain ``HSET`` commands written as raw RESP by Arrow, in
    ``WATCH``/``MULTI``/``EXEC`` transactions behind a check of the stored
@@ -44,6 +44,12 @@ from datetime import datetime
 from pathlib import Path
 from queue import Empty, Full, Queue
 from typing import Any, Final, Literal, NamedTuple, TypeVar
+
+from pipelines.feast_version import require_supported_feast
+
+# Before Feast's internals are imported: another Feast may lack them or lay its
+# data out differently, and this names the pin to install instead.
+require_supported_feast()
 
 import numpy as np
 import pyarrow as pa
@@ -419,7 +425,7 @@ def online_writer(
     (SQLite: a commit per ``commit_rows`` rows or more)."""
     from feast.infra.online_stores.redis import RedisOnlineStore, RedisType
 
-    from pipelines.feast_ops import GuardedSqliteOnlineStore
+    from pipelines.feast_sqlite import GuardedSqliteOnlineStore
 
     online = config.online_store
 

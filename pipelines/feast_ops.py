@@ -5,8 +5,9 @@ reads); this module is what the demo, the tests and operators call:
 
 - :func:`repo_config`: the embedded (``local``) or production-like (``prod``)
   configuration, chosen by ``$GEM_FEAST_ENV`` (one switch), read from
-  ``feature_repo/feature_store[.prod].yaml`` exactly as Feast reads it, with
-  paths and endpoints overridable (state dir, registry URL, Redis, project).
+  ``feature_repo/feature_store[.prod].yaml`` as Feast reads it (``${VAR}``
+  expanded), with the endpoints' documented defaults and overrides (state
+  dir, registry URL, Redis, project).
 - :func:`validate_feature_tables`: every feature table's file against the
   contract, before anything is applied or materialized, so a missing column or
   a changed type fails with the view and column named, instead of deep inside
@@ -18,12 +19,11 @@ reads); this module is what the demo, the tests and operators call:
   (pyarrow read, whole-column encoding, bulk writes in Feast's layout).
 - :func:`historical_features`: point-in-time retrieval that returns one row
   per request row (see its docstring for the two Feast behaviours it guards).
-- :class:`GuardedSqliteOnlineStore`: the embedded online store. Feast's SQLite
-  store upserts unconditionally, so re-materializing an earlier window (or
-  pushing a late event) overwrites newer values; this subclass drops writes
-  that are not newer than what is stored, as Feast's Redis store already does.
-  ``feature_store.yaml`` selects it, so ``feast materialize`` and
-  ``store.push`` are guarded too, not just this wrapper.
+- :func:`main`: the command below. It parses its flags before importing
+  Feast, pandas or pyarrow, which take seconds to load.
+
+The embedded online store, :class:`pipelines.feast_sqlite.GuardedSqliteOnlineStore`,
+lives in its own module (``feature_store.yaml`` names it).
 
 Usage::
 
@@ -39,34 +39,21 @@ import contextlib
 import importlib
 import io
 import os
-import sqlite3
+import re
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from itertools import chain, cycle, repeat
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
 
-import pandas as pd
-import pyarrow as pa
-import pyarrow.parquet as pq
-import yaml
-from feast import FeatureService, FeatureStore, FeatureView, RepoConfig
-from feast.infra.key_encoding_utils import serialize_entity_key
-from feast.infra.online_stores.helpers import compute_table_id, extract_text_and_num
-from feast.infra.online_stores.sqlite import (
-    SqliteOnlineStore,
-    SqliteOnlineStoreConfig,
-)
-from feast.protos.feast.types.EntityKey_pb2 import EntityKey as EntityKeyProto
-from feast.protos.feast.types.Value_pb2 import Value as ValueProto
-from feast.utils import make_tzaware
+from features.cli import CommandError, CommandParser, HelpFormatter, run_command
 
-from features.feature_tables import EVENT_TIMESTAMP, FEATURE_TABLES
-from pipelines.feast_encode import EncodedRows
-from pipelines.feast_engine import ENGINE_TYPE
+if TYPE_CHECKING:
+    import pandas as pd
+    import pyarrow as pa
+    from feast import FeatureService, FeatureStore, FeatureView, RepoConfig
 
 REPO_ROOT: Final = Path(__file__).resolve().parents[1]
 FEATURE_REPO: Final = REPO_ROOT / "feature_repo"
@@ -74,13 +61,25 @@ ENV_VAR: Final = "GEM_FEAST_ENV"
 """``local`` (default) or ``prod``: the one switch between configurations."""
 CONFIG_FILES: Final = {"local": "feature_store.yaml", "prod": "feature_store.prod.yaml"}
 REGISTRY_URL_VAR: Final = "GEM_FEAST_REGISTRY_URL"
-"""Overrides the prod SQL registry's SQLAlchemy URL."""
+"""The prod SQL registry's SQLAlchemy URL (``${GEM_FEAST_REGISTRY_URL}`` in
+``feature_store.prod.yaml``)."""
 REDIS_VAR: Final = "GEM_FEAST_REDIS"
-"""Overrides the prod Redis connection string (``host:port[,db=N,...]``)."""
+"""The prod Redis connection string, ``host:port[,db=N,password=...]``
+(``${GEM_FEAST_REDIS}`` in ``feature_store.prod.yaml``)."""
+ENDPOINT_DEFAULTS: Final = {
+    REDIS_VAR: "127.0.0.1:6379",
+    REGISTRY_URL_VAR: "postgresql+psycopg://root@127.0.0.1:5432/root",
+}
+"""What the prod yaml's variables mean when unset: the loopback services of
+``scripts/services.sh``. Feast's own CLI has no defaults: export them."""
+EVENT_TIMESTAMP: Final = "event_timestamp"
+"""The feature tables' time column (``features.feature_tables.EVENT_TIMESTAMP``;
+spelled out so that importing this module loads no pyarrow)."""
 
+ENGINE_TYPE: Final = "pipelines.feast_engine.ArrowMaterializationEngine"
 Env = Literal["local", "prod"]
 Engine = Literal["arrow", "feast"]
-ENGINES: Final[dict[str, str]] = {"arrow": ENGINE_TYPE, "feast": "local"}
+ENGINES: Final[dict[Engine, str]] = {"arrow": ENGINE_TYPE, "feast": "local"}
 """Materialization engines by name: ours (the yaml's) and Feast's stock one."""
 
 
@@ -100,6 +99,21 @@ def config_file(env: str | None = None) -> Path:
     return FEATURE_REPO / CONFIG_FILES[feast_env(env)]
 
 
+_VARIABLE = re.compile(r"\$(\w+)|\$\{(\w+)\}")
+
+
+def expand_variables(text: str, values: Mapping[str, str]) -> str:
+    """``$NAME`` and ``${NAME}`` replaced from ``values``, the others left as
+    they are: what ``os.path.expandvars`` does with the environment, which is
+    how Feast's CLI reads a ``feature_store.yaml``."""
+
+    def value(match: re.Match[str]) -> str:
+        name = match.group(1) or match.group(2)
+        return values.get(name, match.group(0))
+
+    return _VARIABLE.sub(value, text)
+
+
 def repo_config(
     env: str | None = None,
     *,
@@ -111,44 +125,45 @@ def repo_config(
 ) -> RepoConfig:
     """The Feast configuration of ``env``, from its yaml, with overrides.
 
-    The yaml is read the way Feast's CLI reads it (``$VAR`` expanded, then
-    ``RepoConfig``), so the file stays the one source of each setting.
+    The yaml is read the way Feast's CLI reads it (variables expanded, then
+    ``RepoConfig``), so the file stays the one source of each setting; the
+    prod endpoints' variables default to :data:`ENDPOINT_DEFAULTS`.
 
     Args:
         env: ``local`` or ``prod`` (default: ``$GEM_FEAST_ENV``, else local).
         state_dir: local only: where the file registry and the SQLite online
-            store live (default: the yaml's, under ``demo-output/feast``).
+            store live (default: the yaml's, ``feature_repo/data/``).
         project: Feast project (tests use a unique one each; it also
             namespaces every Redis key and SQLite table).
         registry_url: prod only: SQLAlchemy URL of the SQL registry (default:
-            ``$GEM_FEAST_REGISTRY_URL``, else the yaml's).
+            ``$GEM_FEAST_REGISTRY_URL``, else :data:`ENDPOINT_DEFAULTS`).
         redis: prod only: Redis connection string (default: ``$GEM_FEAST_REDIS``,
-            else the yaml's).
+            else :data:`ENDPOINT_DEFAULTS`).
         engine: the batch (materialization) engine: ``arrow`` (the yaml's,
             :mod:`pipelines.feast_engine`) or ``feast`` (Feast's stock local
             engine, to compare against).
     """
+    import yaml
+    from feast import RepoConfig
+
     chosen = feast_env(env)
+    values = {**ENDPOINT_DEFAULTS, **os.environ}
+    if registry_url:
+        values[REGISTRY_URL_VAR] = registry_url
+    if redis:
+        values[REDIS_VAR] = redis
     raw: dict[str, Any] = yaml.safe_load(
-        os.path.expandvars(config_file(chosen).read_text())
+        expand_variables(config_file(chosen).read_text(), values)
     )
     if project:
         raw["project"] = project
     if engine is not None:
         raw["batch_engine"] = {"type": ENGINES[engine]}
-    if chosen == "local":
-        if state_dir is not None:
-            state = state_dir.resolve()
-            state.mkdir(parents=True, exist_ok=True)
-            raw["registry"]["path"] = str(state / "registry.db")
-            raw["online_store"]["path"] = str(state / "online_store.db")
-    else:
-        url = registry_url or os.environ.get(REGISTRY_URL_VAR)
-        if url:
-            raw["registry"]["path"] = url
-        connection = redis or os.environ.get(REDIS_VAR)
-        if connection:
-            raw["online_store"]["connection_string"] = connection
+    if chosen == "local" and state_dir is not None:
+        state = state_dir.resolve()
+        state.mkdir(parents=True, exist_ok=True)
+        raw["registry"]["path"] = str(state / "registry.db")
+        raw["online_store"]["path"] = str(state / "online_store.db")
     return RepoConfig(repo_path=FEATURE_REPO, **raw)
 
 
@@ -208,6 +223,8 @@ class FeatureTableError(ValueError):
 
 
 def _same_type(actual: pa.DataType, expected: pa.DataType) -> bool:
+    import pyarrow as pa
+
     # Parquet renames list items ("item" -> "element") and drops nullability;
     # neither changes what Feast reads, so compare value types only.
     if pa.types.is_list(expected) or pa.types.is_large_list(expected):
@@ -219,6 +236,8 @@ def _same_type(actual: pa.DataType, expected: pa.DataType) -> bool:
 
 def table_problems(name: str, schema: pa.Schema) -> list[str]:
     """What is wrong with ``schema`` as feature table ``name`` (empty: nothing)."""
+    from features.feature_tables import FEATURE_TABLES
+
     problems = []
     for field in FEATURE_TABLES[name].schema:
         if field.name not in schema.names:
@@ -247,6 +266,10 @@ def validate_feature_tables(
         FeatureTableError: naming every failing feature view, its file and
             each bad column.
     """
+    import pyarrow.parquet as pq
+
+    from features.feature_tables import FEATURE_TABLES
+
     errors = []
     for name in names if names is not None else FEATURE_TABLES:
         path = features_dir / "feature_tables" / f"{name}.parquet"
@@ -261,6 +284,8 @@ def validate_feature_tables(
 
 def registered_features_dirs(store: FeatureStore) -> dict[str, Path]:
     """The features dir each registered view reads (from its FileSource path)."""
+    from features.feature_tables import FEATURE_TABLES
+
     dirs = {}
     for view in store.list_feature_views():
         if view.name in FEATURE_TABLES and view.batch_source is not None:
@@ -318,8 +343,10 @@ def materialize(
         engine: if given, the engine the store must be configured with
             (``arrow`` or ``feast``, Feast's stock local engine): a
             :func:`repo_config` ``engine=`` choice, checked, not switched.
-        quiet: swallow Feast's progress printing (it prints, not logs).
+        quiet: swallow Feast's progress output (printed and tqdm bars, not logs).
     """
+    from feast.utils import make_tzaware
+
     if engine is not None and configured_engine(store) != engine:
         raise ValueError(
             f"the store materializes with {store.config.batch_engine_config!r}, "
@@ -338,9 +365,12 @@ def materialize(
         validate_feature_tables(directory, names)
     end = make_tzaware(end) if end is not None else datetime.now(UTC)
     names = [v.name for v in chosen]
-    with (
-        contextlib.redirect_stdout(io.StringIO()) if quiet else contextlib.nullcontext()
-    ):
+    with contextlib.ExitStack() as silenced:
+        if quiet:
+            # Feast prints its progress, and its engines draw tqdm bars on
+            # stderr; log records still reach their handlers.
+            silenced.enter_context(contextlib.redirect_stdout(io.StringIO()))
+            silenced.enter_context(contextlib.redirect_stderr(io.StringIO()))
         if start is None:
             store.materialize_incremental(end_date=end, feature_views=names)
         else:
@@ -360,6 +390,8 @@ def _requested(
     store: FeatureStore, features: FeatureService | Sequence[str]
 ) -> dict[str, list[str]]:
     """Feature names by view, from a service or ``view:feature`` references."""
+    from feast import FeatureService
+
     grouped: dict[str, list[str]] = {}
     if isinstance(features, FeatureService):
         for projection in features.feature_view_projections:
@@ -373,6 +405,8 @@ def _requested(
 
 
 def _utc_ns(column: pd.Series) -> pd.Series:
+    import pandas as pd
+
     return pd.to_datetime(column, utc=True).astype("datetime64[ns, UTC]")
 
 
@@ -455,6 +489,8 @@ CONSISTENCY_VIEWS: Final = (
 
 def example_columns() -> list[str]:
     """The example columns :func:`example_mismatches` reads (and ``event_time``)."""
+    from features.feature_tables import FEATURE_TABLES
+
     names = [n for v in CONSISTENCY_VIEWS for n in FEATURE_TABLES[v].feature_names]
     return list(dict.fromkeys(["user_id", "ad_id", "advertiser_id", *names]))
 
@@ -476,6 +512,8 @@ def example_mismatches(store: FeatureStore, examples: pd.DataFrame) -> dict[str,
     Returns:
         ``view.feature`` -> number of differing examples; empty when consistent.
     """
+    from features.feature_tables import FEATURE_TABLES
+
     requests = examples[["user_id", "ad_id", "advertiser_id"]].assign(
         **{EVENT_TIMESTAMP: examples["event_time"]}
     )
@@ -502,302 +540,219 @@ def example_mismatches(store: FeatureStore, examples: pd.DataFrame) -> dict[str,
     return mismatches
 
 
-# --- the embedded online store, guarded --------------------------------------
-
-Row = tuple[EntityKeyProto, dict[str, ValueProto], datetime, datetime | None]
-
-
-class GuardedSqliteOnlineStoreConfig(SqliteOnlineStoreConfig):
-    """Config of :class:`GuardedSqliteOnlineStore` (same fields as SQLite's)."""
-
-    type: Literal["pipelines.feast_ops.GuardedSqliteOnlineStore"] = (  # type: ignore[assignment]
-        "pipelines.feast_ops.GuardedSqliteOnlineStore"
-    )
-
-
-class GuardedSqliteOnlineStore(SqliteOnlineStore):
-    """Feast's SQLite online store, where an older write never wins.
-
-    Feast's SQLite store writes every row it is given (``INSERT ... ON
-    CONFLICT DO UPDATE``), so materializing an earlier window after a later
-    one, or pushing a late event, replaces newer values with older ones. Its
-    Redis store skips a write whose event time is not newer than the stored
-    one. This store does the same: per entity, only the newest row of a batch,
-    and only if it is newer than what the table holds (equal times are
-    skipped too, as Redis does). It then writes the same rows as Feast's
-    writer, in one ``executemany``.
-
-    Two entry points: Feast's ``online_write_batch`` (protobuf rows: pushes,
-    Feast's own engine) and :meth:`write_encoded` (already serialized rows:
-    :mod:`pipelines.feast_engine`); both store the same bytes.
-    """
-
-    _CHUNK: Final = 500  # host parameters per SELECT, well under SQLite's limit
-
-    def online_write_batch(
-        self,
-        config: RepoConfig,
-        table: FeatureView,
-        data: list[Row],
-        progress: Callable[[int], Any] | None,
-    ) -> None:
-        """Write the rows of ``data`` that are newer than the stored values."""
-        version = config.entity_key_serialization_version
-        keys = [
-            serialize_entity_key(row[0], entity_key_serialization_version=version)
-            for row in data
-        ]
-        times = [_naive_utc(row[2]) for row in data]
-        fresh = self._fresh(config, table, keys, times)
-        online = config.online_store
-        if online.vector_enabled or online.enable_openai_compatible_store:
-            # Extra columns to fill: Feast's own writer knows them.
-            newer = [data[i] for i in fresh]
-            super().online_write_batch(config, table, newer, progress)
-            return
-        params = (
-            (
-                keys[i],
-                feature,
-                value.SerializeToString(),
-                extract_text_and_num(value, False)[0],
-                times[i],
-                data[i][3] and _naive_utc(data[i][3]),  # type: ignore[arg-type]
-            )
-            for i in fresh
-            for feature, value in data[i][1].items()
-        )
-        self._upsert(config, table, params)
-        if progress:
-            progress(len(data))
-
-    def write_encoded(
-        self,
-        config: RepoConfig,
-        table: FeatureView,
-        rows: EncodedRows,
-        *,
-        commit: bool = True,
-    ) -> int:
-        """Write serialized rows (``feast_encode.encode_batch`` with texts) that
-        are newer than the stored values, as Feast's writer would; rows written.
-
-        ``commit=False`` leaves the transaction open for the next batch
-        (:meth:`end_writes` ends it), so a materialization syncs the file once
-        per many batches instead of once per batch.
-        """
-        keys = rows.entity_keys.to_pylist()
-        times = rows.event_us.astype("datetime64[us]").tolist()
-        created = (
-            rows.created_us.astype("datetime64[us]").tolist()
-            if rows.created_us is not None
-            else [None] * len(keys)
-        )
-        fresh = self._fresh(config, table, keys, times)
-        if not fresh:
-            if commit:
-                self.end_writes(config)
-            return 0
-        # Written in entity key order: both of the table's indexes lead with
-        # the key, and ordered inserts walk their pages once instead of
-        # jumping between them (about a fifth less time in SQLite).
-        fresh.sort(key=keys.__getitem__)
-        # Feast passes datetimes and sqlite3 adapts each (Feast registers an
-        # adapter to epoch seconds); adapt once per row instead of per feature.
-        adapt = sqlite3.adapters.get((datetime, sqlite3.PrepareProtocol), _same)
-        stamps = [adapt(times[i]) for i in fresh]
-        made = [created[i] and adapt(created[i]) for i in fresh]
-        fresh_keys = [keys[i] for i in fresh]
-        names = list(rows.values)
-        values, texts = [], []
-        order = pa.array(fresh)
-        for name in names:
-            values.append(rows.values[name].take(order).to_pylist())
-            text = rows.texts[name]
-            texts.append([text[i] for i in fresh])
-
-        # (key, feature, value, text, event_ts, created_ts) per entity and
-        # feature, entity-major, built by C iterators (no Python per row).
-        def each_feature(per_row: list[Any]) -> Iterable[Any]:
-            return chain.from_iterable(map(repeat, per_row, repeat(len(names))))
-
-        params = zip(
-            each_feature(fresh_keys),
-            cycle(names),
-            chain.from_iterable(zip(*values, strict=True)),
-            chain.from_iterable(zip(*texts, strict=True)),
-            each_feature(stamps),
-            each_feature(made),
-        )
-        self._upsert(config, table, params, commit=commit)
-        return len(fresh)
-
-    def end_writes(self, config: RepoConfig, *, commit: bool = True) -> None:
-        """Commit (or roll back) what ``write_encoded(commit=False)`` left open."""
-        conn = self._get_conn(config)
-        if commit:
-            conn.commit()
-        else:
-            conn.rollback()
-
-    def _upsert(
-        self,
-        config: RepoConfig,
-        table: FeatureView,
-        params: Iterable[tuple[Any, ...]],
-        *,
-        commit: bool = True,
-    ) -> None:
-        # Feast's writer runs one INSERT per (entity, feature); one
-        # executemany of the same statement and values is several times faster.
-        name = compute_table_id(
-            config.project, table, config.registry.enable_online_feature_view_versioning
-        )
-        upsert = (
-            f'INSERT INTO "{name}" (entity_key, feature_name, value, value_text, '
-            "event_ts, created_ts) VALUES (?, ?, ?, ?, ?, ?) "
-            "ON CONFLICT(entity_key, feature_name) DO UPDATE SET "
-            "value = excluded.value, value_text = excluded.value_text, "
-            "event_ts = excluded.event_ts, created_ts = excluded.created_ts"
-        )
-        conn = self._get_conn(config)
-        if not commit:
-            conn.executemany(upsert, params)  # sqlite3 opens the transaction
-            return
-        with conn:
-            conn.executemany(upsert, params)
-
-    def _fresh(
-        self,
-        config: RepoConfig,
-        table: FeatureView,
-        keys: list[bytes],
-        times: list[datetime],
-    ) -> list[int]:
-        """Indices of the rows to write: per entity the batch's newest row, if
-        newer than the stored one (times naive UTC), in batch order."""
-        newest: dict[bytes, int] = {}
-        for i, (key, ts) in enumerate(zip(keys, times, strict=True)):
-            j = newest.get(key)
-            if j is None or ts > times[j]:
-                newest[key] = i
-        stored = self._stored_times(config, table, list(newest))
-        return sorted(
-            i
-            for key, i in newest.items()
-            if key not in stored or times[i] > stored[key]
-        )
-
-    def _stored_times(
-        self, config: RepoConfig, table: FeatureView, keys: list[bytes]
-    ) -> dict[bytes, datetime]:
-        name = compute_table_id(
-            config.project, table, config.registry.enable_online_feature_view_versioning
-        )
-        conn = self._get_conn(config)
-        stored: dict[bytes, datetime] = {}
-        for i in range(0, len(keys), self._CHUNK):
-            chunk = keys[i : i + self._CHUNK]
-            marks = ",".join("?" * len(chunk))
-            # `AS "... [timestamp]"` makes sqlite3 parse the aggregate back to a
-            # datetime, as it does for the declared column.
-            query = (
-                f'SELECT entity_key, MAX(event_ts) AS "ts [timestamp]" '
-                f'FROM "{name}" WHERE entity_key IN ({marks}) GROUP BY entity_key'
-            )
-            try:
-                stored.update(conn.execute(query, chunk).fetchall())
-            except sqlite3.OperationalError as error:
-                if "no such table" not in str(error):
-                    raise
-                # Table not created yet: nothing stored, Feast's write will
-                # fail with its own message.
-        return stored
-
-
-def _same(value: Any) -> Any:
-    return value
-
-
-def _naive_utc(ts: datetime) -> datetime:
-    # What Feast's SQLite writer stores (naive UTC), so comparisons line up.
-    aware = make_tzaware(ts)
-    return aware.astimezone(UTC).replace(tzinfo=None)
-
-
 # --- CLI ---------------------------------------------------------------------
 
+COMMANDS: Final = {
+    "validate": "check the feature tables against the contract",
+    "apply": "validate, then register the repository",
+    "materialize": "offline tables -> online store (incremental by default)",
+}
 
-def _parse_time(text: str) -> datetime:
+
+def parse_time(text: str) -> datetime:
+    """``now`` or an ISO-8601 time (naive: UTC), as the flags take it."""
     if text.lower() == "now":
         return datetime.now(UTC)
-    return make_tzaware(datetime.fromisoformat(text))
+    try:
+        parsed = datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"not an ISO-8601 time or 'now': {text!r}"
+        ) from None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """CLI entry point (see the module docstring)."""
-    parser = argparse.ArgumentParser(
-        prog="python -m pipelines.feast_ops", description=__doc__.splitlines()[0]
+def build_parser() -> CommandParser:
+    """The command's flags (nothing heavy imported)."""
+    parser = CommandParser("pipelines.feast_ops", __doc__.splitlines()[0])
+    parser.add_argument(
+        "--env",
+        choices=sorted(CONFIG_FILES),
+        default=None,
+        help=f"the configuration (default: ${ENV_VAR}, else local)",
     )
-    parser.add_argument("--env", choices=sorted(CONFIG_FILES), default=None)
     parser.add_argument(
         "--features-dir",
         type=Path,
         default=None,
-        help="the feature job's output (default: $GEM_FEATURES_DIR or the demo's)",
+        help="the feature job's output, with feature_tables/ inside (default: "
+        "$GEM_FEATURES_DIR, else demo-output/features once written, else empty "
+        "tables: see feature_repo/README.md)",
     )
     parser.add_argument(
-        "--state-dir", type=Path, default=None, help="local registry + SQLite dir"
+        "--state-dir",
+        type=Path,
+        default=None,
+        help="local only: the file registry and SQLite online store (default: "
+        "the yaml's, feature_repo/data/)",
     )
-    parser.add_argument("--project", default=None)
-    commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser("validate", help="check the feature tables")
-    commands.add_parser("apply", help="validate, then register the repository")
-    mat = commands.add_parser("materialize", help="offline -> online store")
-    mat.add_argument("--start", type=_parse_time, default=None, help="default: incr.")
-    mat.add_argument("--end", type=_parse_time, default=None, help="default: now")
-    mat.add_argument("--views", nargs="*", default=None)
-    mat.add_argument(
+    parser.add_argument(
+        "--project",
+        default=None,
+        help="Feast project, which namespaces every table and key (default: the "
+        "yaml's, gem_ads)",
+    )
+    # Subcommands are plain parsers: the top-level CommandParser already
+    # checks every flag, theirs included, before argparse sees them.
+    commands = parser.add_subparsers(
+        dest="command",
+        required=True,
+        metavar="{" + ",".join(COMMANDS) + "}",
+        parser_class=argparse.ArgumentParser,
+    )
+    subs = {
+        name: commands.add_parser(
+            name,
+            help=text,
+            description=text,
+            formatter_class=HelpFormatter,
+            allow_abbrev=False,
+        )
+        for name, text in COMMANDS.items()
+    }
+    materialize_flags = subs["materialize"]
+    materialize_flags.add_argument(
+        "--start",
+        type=parse_time,
+        default=None,
+        help="window start, ISO-8601 (UTC if naive); without it: incremental, "
+        "from each view's last materialization",
+    )
+    materialize_flags.add_argument(
+        "--end",
+        type=parse_time,
+        default="now",
+        help="window end, ISO-8601 (UTC if naive) or now",
+    )
+    materialize_flags.add_argument(
+        "--views",
+        nargs="+",
+        default=None,
+        help="the feature views to materialize (default: every online view)",
+    )
+    materialize_flags.add_argument(
         "--engine",
         choices=sorted(ENGINES),
         default=None,
-        help="batch engine (default: the yaml's, arrow; feast: Feast's stock one)",
+        help="batch engine: arrow (pipelines.feast_engine) or feast (Feast's "
+        "stock local engine) (default: the yaml's, arrow)",
     )
-    args = parser.parse_args(argv)
+    return parser
 
-    features_dir: Path = args.features_dir or repo_module("sources").features_dir()
-    try:
-        if args.command == "validate":
-            validate_feature_tables(features_dir)
-            print(f"ok: {len(FEATURE_TABLES)} feature tables in {features_dir}")
-            return 0
-        store = FeatureStore(
-            config=repo_config(
-                args.env,
-                state_dir=args.state_dir,
-                project=args.project,
-                engine=getattr(args, "engine", None),
-            )
+
+def _endpoint_error(error: BaseException) -> CommandError | None:
+    """The one line for a Redis or PostgreSQL that does not answer, else None."""
+    kind = type(error)
+    module = kind.__module__
+    if module.startswith("redis") and kind.__name__ in (
+        "ConnectionError",
+        "TimeoutError",
+    ):
+        where = os.environ.get(REDIS_VAR, ENDPOINT_DEFAULTS[REDIS_VAR])
+        return CommandError(
+            f"no Redis answers at {where.split(',')[0]} ({error})",
+            f"check ${REDIS_VAR} and that Redis is up",
         )
-        started = time.perf_counter()
-        if args.command == "apply":
-            objects = apply(store, features_dir)
-            print(
-                f"applied {len(objects.views)} views and {len(objects.services)} "
-                f"services reading {features_dir} to project {store.project}"
-            )
-        else:
-            materialize(
-                store,
-                end=args.end,
-                start=args.start,
-                views=args.views,
-            )
-        print(f"{args.command} took {time.perf_counter() - started:.1f} s")
+    if module.startswith("sqlalchemy") and kind.__name__ == "OperationalError":
+        url = os.environ.get(REGISTRY_URL_VAR, ENDPOINT_DEFAULTS[REGISTRY_URL_VAR])
+        host = url.rpartition("@")[2]  # no user or password in the message
+        first = str(getattr(error, "orig", error)).strip().splitlines()[0]
+        return CommandError(
+            f"the registry database at {host} does not answer ({first})",
+            f"check ${REGISTRY_URL_VAR} and that PostgreSQL is up",
+        )
+    return None
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run one parsed command (see the module docstring)."""
+    env = feast_env(args.env)
+    features_dir: Path = (
+        args.features_dir.resolve()
+        if args.features_dir
+        else repo_module("sources").features_dir()
+    )
+    try:
+        return _run(args, env, features_dir)
     except FeatureTableError as error:
-        print(error, file=sys.stderr)
-        return 1
+        raise CommandError(
+            str(error).replace(":\n  ", ": ").replace("\n  ", "; "),
+            "run the feature job (python -m pipelines.build --output DIR) and "
+            "point --features-dir or $GEM_FEATURES_DIR at DIR",
+        ) from error
+    except Exception as error:
+        line = _endpoint_error(error)
+        if line is None:
+            raise
+        raise line from error
+
+
+def _run(args: argparse.Namespace, env: Env, features_dir: Path) -> int:
+    from feast import FeatureStore
+
+    from features.cli import progress
+
+    if args.command in ("validate", "apply") and not features_dir.is_dir():
+        raise CommandError(
+            f"features dir {features_dir} does not exist",
+            "run the feature job (python -m pipelines.build --output DIR) and "
+            "point --features-dir or $GEM_FEATURES_DIR at DIR",
+        )
+    if args.command == "validate":
+        validate_feature_tables(features_dir)
+        print(f"ok: {_table_count()} feature tables in {features_dir}")
+        return 0
+    store = FeatureStore(
+        config=repo_config(
+            env,
+            state_dir=args.state_dir,
+            project=args.project,
+            engine=getattr(args, "engine", None),
+        )
+    )
+    started = time.perf_counter()
+    if args.command == "apply":
+        objects = apply(store, features_dir)
+        print(
+            f"applied {len(objects.views)} views and {len(objects.services)} "
+            f"services reading {features_dir} to project {store.project}"
+        )
+    else:
+        online = [v.name for v in store.list_feature_views() if v.online]
+        if not online:
+            raise CommandError(
+                f"project {store.project} has no online feature views",
+                "run `python -m pipelines.feast_ops apply` first",
+            )
+        unknown = sorted(set(args.views or ()) - set(online))
+        if unknown:
+            raise CommandError(
+                f"no online feature view named {', '.join(unknown)} in project "
+                f"{store.project}",
+                f"choose from {', '.join(sorted(online))}",
+            )
+        names = [n for n in online if args.views is None or n in args.views]
+        # One view at a time: the bar counts views done, which is true.
+        with progress("materializing views", total=len(names)) as bar:
+            for name in names:
+                materialize(
+                    store, end=args.end, start=args.start, views=[name], quiet=True
+                )
+                print(f"materialized {name}")
+                bar.advance()
+    print(f"{args.command} took {time.perf_counter() - started:.1f} s")
     return 0
+
+
+def _table_count() -> int:
+    from features.feature_tables import FEATURE_TABLES
+
+    return len(FEATURE_TABLES)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The command: parse (nothing heavy loaded), then run; exit status."""
+    return run_command(build_parser(), run, argv)
 
 
 if __name__ == "__main__":

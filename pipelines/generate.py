@@ -8,8 +8,9 @@ Example::
         --kafka-bootstrap localhost:9092 --topic events --rate 5000
 
 The work is done by :mod:`pipelines.synthetic`; this module only parses
-arguments, writes the output directory and hands the events to the Kafka
-publisher (:func:`pipelines.event_stream.publish_events`).
+arguments (before importing the generator, so ``--help`` answers at once),
+writes the output directory and hands the events to the Kafka publisher
+(:func:`pipelines.event_stream.publish_events`).
 """
 
 from __future__ import annotations
@@ -17,20 +18,19 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import logging
 import sys
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, Final
 
+from features.cli import CommandError, CommandParser, run_command
 from features.kafka.settings import add_kafka_arguments
-from pipelines.synthetic import (
-    GeneratorConfig,
-    ModelParams,
-    generate,
-    write_dataset,
-)
-from pipelines.synthetic.writer import FORMATS
+
+if TYPE_CHECKING:
+    from pipelines.synthetic import GeneratorConfig
+
+# pipelines.synthetic.writer.FORMATS, which loads pyarrow (tests hold the two equal).
+EVENT_FORMATS: Final = ("parquet", "jsonl")
 
 
 def _date(text: str) -> dt.date:
@@ -49,26 +49,46 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> CommandParser:
     """The CLI's argument parser (generator options plus the Kafka flags)."""
-    parser = argparse.ArgumentParser(
-        prog="python -m pipelines.generate",
-        description=__doc__.split("\n\n")[0],
+    parser = CommandParser("pipelines.generate", __doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--users", type=_positive_int, required=True, help="users in the world"
     )
-    parser.add_argument("--users", type=_positive_int, required=True)
-    parser.add_argument("--ads", type=_positive_int, required=True)
-    parser.add_argument("--days", type=_positive_int, required=True)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--ads", type=_positive_int, required=True, help="ads in the world"
+    )
+    parser.add_argument(
+        "--days", type=_positive_int, required=True, help="days of events"
+    )
+    parser.add_argument(
+        "--seed", type=int, default=0, help="random seed: same seed, same data set"
+    )
     parser.add_argument("--output", help="output directory (events, tables, truth)")
-    parser.add_argument("--format", choices=FORMATS, default="parquet")
+    parser.add_argument(
+        "--format",
+        choices=EVENT_FORMATS,
+        default="parquet",
+        help="event files: Parquet or JSON lines, one folder per day",
+    )
     parser.add_argument(
         "--start", type=_date, default=dt.date(2026, 10, 1), help="first day (UTC)"
     )
-    parser.add_argument("--events-per-user-day", type=float, default=10.0)
+    parser.add_argument(
+        "--events-per-user-day",
+        type=float,
+        default=10.0,
+        help="mean events per user and day",
+    )
     parser.add_argument(
         "--contents", type=_positive_int, help="organic content items (default 5 x ads)"
     )
-    parser.add_argument("--duplicate-rate", type=float, default=0.002)
+    parser.add_argument(
+        "--duplicate-rate",
+        type=float,
+        default=0.002,
+        help="probability that an event is logged twice (same event_id)",
+    )
     parser.add_argument(
         "--drift-per-day",
         type=float,
@@ -93,6 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def config_from_args(args: argparse.Namespace) -> GeneratorConfig:
     """The generator configuration the arguments describe."""
+    from pipelines.synthetic import GeneratorConfig, ModelParams
+
     return GeneratorConfig(
         users=args.users,
         ads=args.ads,
@@ -115,9 +137,9 @@ def _publish(events: Any, args: argparse.Namespace) -> dict[str, Any]:
 
     settings = KafkaSettings.from_args(args)
     if settings.embedded:
-        raise SystemExit(
-            "--topic needs --kafka-bootstrap: an embedded broker would stop "
-            "when the generator exits"
+        raise CommandError(
+            "--topic needs --kafka-bootstrap",
+            "an embedded broker would stop when the generator exits",
         )
     ensure_topics(settings, {args.topic: args.partitions})
     report = publish_events(events, settings, args.topic, rate=args.rate)
@@ -137,7 +159,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         The process exit status.
     """
     parser = build_parser()
-    args = parser.parse_args(argv)
+    return run_command(parser, lambda args: _generate(parser, args), argv)
+
+
+def _generate(parser: CommandParser, args: argparse.Namespace) -> int:
     if args.output is None and args.topic is None:
         parser.error("nothing to do: give --output and/or --topic")
     if args.rate is not None and args.rate <= 0:
@@ -146,8 +171,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = config_from_args(args)
     except ValueError as error:
         parser.error(str(error))
-    # Warnings only: kafka-python logs every connection at INFO.
-    logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
+    from pipelines.synthetic import generate, write_dataset
 
     started = time.perf_counter()
     data = generate(config)

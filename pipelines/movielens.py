@@ -90,13 +90,19 @@ loop) and every event table is checked with
 
 from __future__ import annotations
 
-import argparse
+import sys
+
+if __name__ == "__main__":
+    # Flags first, pandas after: --help and flag errors answer at once. The
+    # command imports this module again, under its own name, to convert.
+    from pipelines.commands.movielens import main
+
+    sys.exit(main())
+
 import csv
 import io
 import json
 import shutil
-import sys
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -713,40 +719,7 @@ def run(source: Path, output: Path, *, overwrite: bool = False) -> dict[str, Any
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Command-line entry point; returns the exit status."""
-    parser = argparse.ArgumentParser(
-        prog="python -m pipelines.movielens",
-        description="Convert MovieLens ml-100k / ml-1m into contract events.",
-    )
-    parser.add_argument(
-        "--source", type=Path, required=True, help="MovieLens directory"
-    )
-    parser.add_argument("--output", type=Path, required=True, help="output dir")
-    parser.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="replace an existing OUTPUT/events directory",
-    )
-    args = parser.parse_args(argv)
-    started = time.perf_counter()
-    try:
-        manifest = run(args.source, args.output, overwrite=args.overwrite)
-    except (LayoutError, FileExistsError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    elapsed = time.perf_counter() - started
-    counts = manifest["counts"]
-    print(
-        f"{manifest['layout']}: {counts['ratings']:,} ratings -> "
-        f"{counts['events']:,} events over {counts['days']} days, "
-        f"{counts['users']:,} users, {counts['ads']:,} ads "
-        f"in {elapsed:.1f} s -> {args.output}"
-    )
-    for domain, by_action in manifest["counts_by_domain_action"].items():
-        line = "  ".join(f"{a}={c:,}" for a, c in by_action.items())
-        print(f"  {domain:<10} {line}")
-    return 0
+    """Command-line entry point (:mod:`pipelines.commands.movielens`)."""
+    from pipelines.commands.movielens import main as command_main
 
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return command_main(argv)

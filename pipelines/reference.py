@@ -37,10 +37,16 @@ Choices the spec leaves open, fixed here (the Beam job follows them):
 
 from __future__ import annotations
 
-import argparse
-import json
-import shutil
 import sys
+
+if __name__ == "__main__":
+    # Flags first, pyarrow after: --help and flag errors answer at once. The
+    # command imports this module again, under its own name, to run.
+    from pipelines.commands.reference import main
+
+    sys.exit(main())
+
+import json
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -96,7 +102,6 @@ from pipelines.beam.kernels import (
     timeline_order,
     winning_copies,
 )
-from pipelines.beam.memory import reuse_freed_memory
 from pipelines.event_files import (
     PARQUET_BATCH_ROWS,
     InputFileError,
@@ -701,10 +706,19 @@ def read_input(source: Path) -> tuple[pa.Table, pa.Table, pa.Table, pa.Table]:
 
 def _dimensions(source: Path) -> tuple[pa.Table, pa.Table, pa.Table]:
     return (
-        pq.read_table(source / "users.parquet"),
-        pq.read_table(source / "ads.parquet"),
-        pq.read_table(source / "contents.parquet"),
+        _dimension(source / "users.parquet"),
+        _dimension(source / "ads.parquet"),
+        _dimension(source / "contents.parquet"),
     )
+
+
+def _dimension(path: Path) -> pa.Table:
+    try:
+        return pq.read_table(path)
+    except (OSError, pa.ArrowException) as error:
+        raise InputFileError(
+            f"{path}: cannot read the dimension table ({error})"
+        ) from error
 
 
 def read_event_input(
@@ -814,38 +828,7 @@ def validation_clock(source: Path, now_ms: int | None) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """CLI entry point (see the module docstring)."""
-    parser = argparse.ArgumentParser(
-        prog="python -m pipelines.reference", description=__doc__.splitlines()[0]
-    )
-    parser.add_argument("--input", type=Path, required=True, help="data set folder")
-    parser.add_argument("--output", type=Path, required=True, help="output folder")
-    parser.add_argument("--now-ms", type=int, default=None, help="validation clock")
-    parser.add_argument(
-        "--overwrite", action="store_true", help="replace an earlier output"
-    )
-    args = parser.parse_args(argv)
-    out: Path = args.output
-    existing = [p for p in OUTPUT_PARTS if (out / p).exists()]
-    if existing and not args.overwrite:
-        print(f"{out} already holds {existing}; pass --overwrite", file=sys.stderr)
-        return 2
-    for part in existing:
-        path = out / part
-        shutil.rmtree(path) if path.is_dir() else path.unlink()
-    started = time.perf_counter()
-    # The Beam job's allocator settings (it applies them too): a fair peer.
-    reuse_freed_memory()
-    now_ms = validation_clock(args.input, args.now_ms)
-    events, origins, users, ads, contents = read_event_input(args.input, now_ms)
-    output = build_reference(
-        events, users, ads, contents, now_ms=now_ms, origins=origins
-    )
-    write_output(output, out, now_ms=now_ms)
-    seconds = time.perf_counter() - started
-    print(json.dumps({"counts": output.counts, "seconds": round(seconds, 2)}))
-    return 0
+    """CLI entry point: :mod:`pipelines.commands.reference`."""
+    from pipelines.commands.reference import main as run_command_main
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    return run_command_main(argv)

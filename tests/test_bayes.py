@@ -113,6 +113,21 @@ def test_cli_prints_a_table_and_json(
 def test_cli_rejects_a_directory_without_truth(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    with pytest.raises(SystemExit):
-        bayes.main(["--input", str(tmp_path)])
-    assert "truth.parquet" in capsys.readouterr().err
+    assert bayes.main(["--input", str(tmp_path)]) == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1
+    assert "truth.parquet not found" in error[0]
+
+
+def test_pooled_click_is_exact_for_ne_and_pair_weighted_for_auc(
+    report: dict[str, Any],
+) -> None:
+    pooled = bayes.pooled_click(
+        {d: report["by_domain"][d]["click"] for d in vocab.DOMAINS}
+    )
+    overall = report["overall"]["click"]
+    # Pooling the domains' losses is exact: the all-domain NE, to rounding.
+    assert pooled["ne"] == pytest.approx(overall["ne"], rel=1e-9)
+    assert pooled["count"] == overall["count"]
+    aucs = [report["by_domain"][d]["click"]["auc"] for d in vocab.DOMAINS]
+    assert min(aucs) <= pooled["auc"] <= max(aucs)

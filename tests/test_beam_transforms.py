@@ -49,6 +49,7 @@ from pipelines.beam.timelines import (
     user_sequence_parts,
     user_sequences,
 )
+from pipelines.beam.tuning import WorkerTuning
 from pipelines.beam.validate import RawEvents, ValidateEvents, ValidateEventsFn
 
 T0 = 1_790_000_000_000  # 2026-09-21
@@ -483,7 +484,6 @@ def test_user_sequence_parts_concatenate_to_the_whole_table() -> None:
 class _Double(PooledDoFn):
     """Test DoFn: doubles on a pool thread, counts on the bundle's thread."""
 
-    threads = 2
     max_pending = 1
 
     def __init__(self) -> None:
@@ -499,9 +499,16 @@ class _Double(PooledDoFn):
         yield result
 
 
-def test_pooled_dofn_emits_every_result_once_and_raises() -> None:
+@pytest.mark.parametrize("threads", [2, 0])
+def test_pooled_dofn_emits_every_result_once_and_raises(threads: int) -> None:
+    """On a pool, or (0 threads) on the bundle's own thread."""
+    tuning = WorkerTuning(threads=threads, tune_allocator=False)
     p = _pipeline()
-    doubled = p | beam.Create(list(range(50)), reshuffle=False) | beam.ParDo(_Double())
+    doubled = (
+        p
+        | beam.Create(list(range(50)), reshuffle=False)
+        | beam.ParDo(_Double().tuned(tuning))
+    )
     assert_that(doubled, equal_to([2 * i for i in range(50)]))
     result = p.run()
     result.wait_until_finish()
@@ -510,7 +517,7 @@ def test_pooled_dofn_emits_every_result_once_and_raises() -> None:
     ]
     assert sum(c.committed for c in seen) == 50
     failing = _pipeline()
-    _ = failing | beam.Create([1, -1]) | beam.ParDo(_Double())
+    _ = failing | beam.Create([1, -1]) | beam.ParDo(_Double().tuned(tuning))
     with pytest.raises(Exception, match="negative"):
         failing.run().wait_until_finish()
 

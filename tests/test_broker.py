@@ -235,3 +235,57 @@ def test_sigkill_mid_stream_loses_no_acknowledged_record(tmp_path: Path) -> None
         assert len(acknowledged) == 4000
     finally:
         broker.stop()
+
+
+def _broker_command(
+    *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-W", "error::RuntimeWarning", "-m"]
+    return subprocess.run(
+        [*command, "features.kafka.broker", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        timeout=60,
+    )
+
+
+def test_cli_help_runs_without_a_runpy_warning() -> None:
+    done = _broker_command("--help")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("usage: python -m features.kafka.broker ")
+    assert done.stderr == ""
+
+
+def test_cli_without_jars_says_run_make_kafka(tmp_path: Path) -> None:
+    done = _broker_command(env={"GEM_KAFKA_LIBS": str(tmp_path)})
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert "run `make kafka`" in lines[0]
+    assert str(tmp_path) in lines[0]
+
+
+def test_cli_without_java_says_so(tmp_path: Path) -> None:
+    done = _broker_command(env={"PATH": str(tmp_path), "JAVA_HOME": ""})
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert lines == [
+        "python -m features.kafka.broker: error: no java on PATH: the embedded "
+        "Kafka broker needs Java 17 or newer; install a JDK or set JAVA_HOME"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--topic", "events:0"], "bad partition count in 'events:0'"),
+        (["--sasl-user", "alice"], "expected NAME:PASSWORD"),
+        (["--sasl-user", "al,ice:pw"], "--sasl-user: SASL user names"),
+    ],
+)
+def test_cli_bad_flags_exit_2_with_one_line(args: list[str], message: str) -> None:
+    done = _broker_command(*args)
+    assert done.returncode == 2
+    assert message in done.stderr.strip().splitlines()[-1]
+    assert "Traceback" not in done.stderr

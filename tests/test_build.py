@@ -156,6 +156,24 @@ def test_direct_runner_runs_the_job_on_prism(
     _assert_same_as_reference(tmp_path, reference)
 
 
+def test_untuned_workers_write_the_same_bytes(
+    dataset: Path, built: Path, tmp_path: Path
+) -> None:
+    """No compute threads and no allocator tuning (the setting of runners
+    with several SDK workers per machine): every output file as tuned."""
+    build.run(
+        ["--input", str(dataset), "--output", str(tmp_path), "--shards", "4",
+         "--worker-threads", "0", "--no-tune-allocator"]
+    )  # fmt: skip
+    tuned = {p.relative_to(built): p.read_bytes() for p in built.rglob("*.parquet")}
+    untuned = {
+        p.relative_to(tmp_path): p.read_bytes() for p in tmp_path.rglob("*.parquet")
+    }
+    assert tuned
+    assert untuned == tuned
+    assert without_time(dead_letters(tmp_path)) == without_time(dead_letters(built))
+
+
 def test_no_runner_flag_runs_on_the_fnapi_runner(built: Path) -> None:
     summary = json.loads((built / "summary.json").read_text())
     assert summary["runner"] == "FnApiRunner"

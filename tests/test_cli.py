@@ -4,17 +4,35 @@ command shares."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 
 import pytest
 
 from features.cli import (
+    DROPPED_LINES,
     EXIT_USAGE,
+    QUIET_LOGGERS,
     CommandError,
     CommandParser,
+    DropLines,
     closest_flag_hint,
     progress,
     run_command,
 )
+
+
+@pytest.fixture(autouse=True)
+def _restore_logging() -> Iterator[None]:
+    """configure_logging sets levels and filters process-wide: undo them, so
+    later tests in this process see the loggers as they were."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:], root.level = handlers, level
+    for name in (*QUIET_LOGGERS, *DROPPED_LINES):
+        logger = logging.getLogger(None if name == "root" else name)
+        logger.setLevel(logging.NOTSET if name != "root" else level)
+        logger.filters[:] = [f for f in logger.filters if not isinstance(f, DropLines)]
 
 
 def _parser() -> CommandParser:
@@ -133,3 +151,18 @@ def test_progress_counts_on_a_terminal_and_is_silent_elsewhere(
     assert capsys.readouterr().err == ""
     with progress("rows", total=3, enabled=True) as bar:
         bar.advance(3)
+
+
+def test_library_lines_are_dropped_at_their_logger_and_others_kept() -> None:
+    run_command(_parser(), lambda args: 0, [])
+    seen: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append(record.getMessage())  # type: ignore[method-assign]
+    logging.getLogger().addHandler(handler)
+    try:
+        logging.warning("apitools not found, and bigquery client libraries ...")
+        logging.info("Successfully loaded: 'fbgemm_gpu_py.so'")
+        logging.warning("a checkpoint failed to verify")
+    finally:
+        logging.getLogger().removeHandler(handler)
+    assert seen == ["a checkpoint failed to verify"]

@@ -24,7 +24,13 @@ from features.windows import timeline_segments
 from pipelines.reference import ReferenceOutput, build_reference
 from pipelines.synthetic import GeneratorConfig, generate, validation_now_ms
 from pipelines.synthetic.world import ads_table, contents_table, users_table
-from trainer.checkpoint import list_checkpoints, load_latest, save_checkpoint
+from trainer.checkpoint import (
+    list_checkpoints,
+    load_latest,
+    model_from_record,
+    save_checkpoint,
+)
+from trainer.config import tiny
 from trainer.daemon import DaemonConfig, run, run_daemon_until_drained
 from trainer.progressive import ProgressiveMetrics
 from trainer.train_step import EvalOutput
@@ -225,6 +231,7 @@ def test_resume_equals_uninterrupted(
             topic=topic,
             group=f"g-{name}",
             checkpoint_dir=tmp_path / name,
+            preset="tiny",
             idle_seconds=2.0,
             checkpoint_every=100,
             **kw,  # type: ignore[arg-type]
@@ -238,6 +245,9 @@ def test_resume_equals_uninterrupted(
     b = load_latest(tmp_path / "split")
     assert a is not None
     assert b is not None
+    # Every checkpoint says which model it holds (what distillation reads).
+    assert model_from_record(a[0], a[1]) == ("gem", tiny())
+    assert a[0]["model_preset"] == "tiny"
     for name, tensor in a[0]["model"].items():
         torch.testing.assert_close(b[0]["model"][name], tensor, rtol=1e-6, atol=1e-7)
     assert rest["metrics"].keys() == whole["metrics"].keys()

@@ -40,9 +40,9 @@ def daemon_command(
     """The CLI, with the settings' group timings."""
     return [
         "--topic", topic, "--group", group, "--checkpoint-dir", str(directory / "ckpt"),
-        "--kafka-bootstrap", str(settings.bootstrap),
-        "--kafka-option", f"session_timeout_ms={settings.session_timeout_ms}",
-        "--kafka-option", f"heartbeat_interval_ms={settings.heartbeat_interval_ms}",
+        "--preset", "tiny", "--kafka-bootstrap", str(settings.bootstrap),
+        "--kafka-option", f"session.timeout.ms={settings.session_timeout_ms}",
+        "--kafka-option", f"heartbeat.interval.ms={settings.heartbeat_interval_ms}",
         *extra,
     ]  # fmt: skip
 

@@ -176,7 +176,9 @@ def test_every_checkpoint_corrupt_refuses_then_start_fresh_trains_all(
     refused = run_to_drain(kafka_settings, topic, "g-refuse", tmp_path)
     assert refused.returncode == 2
     last = refused.stderr.strip().splitlines()[-1]
-    assert last.startswith("trainer.daemon: refusing to start: none of the 3")
+    assert last.startswith(
+        "python -m trainer.daemon: error: refusing to start: none of the 3"
+    )
     assert "--start-fresh" in last
     assert "resumed from" not in refused.stderr
 

@@ -11,11 +11,10 @@ import torch
 
 from features.kafka import KafkaSettings
 from features.vocab import DOMAINS
-from trainer.checkpoint import load_latest, save_checkpoint
+from trainer.checkpoint import load_latest, model_record, save_checkpoint
 from trainer.config import tiny
 from trainer.distill.daemon import StudentDaemonConfig
 from trainer.distill.daemon import run as run_student
-from trainer.distill.teacher import config_to_dict
 from trainer.distill.teacher_stream import run_stream
 from trainer.distill.train import FULL, DistillConfig
 from trainer.models.base_rate import BaseRateOffset, prior_logits
@@ -41,9 +40,8 @@ def _teacher(directory: Path) -> Path:
             "optimizer": {},
             "step": 7,
             "offsets": {},
-            "model_name": "gem",
-            "model_config": config_to_dict(tiny()),
             "trained_until_ms": TEACHER_TIME_MS,
+            **model_record("gem", "tiny", tiny()),
         },
     )
 

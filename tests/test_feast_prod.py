@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,7 +26,7 @@ from feast import FeatureStore, RepoConfig
 from feast.value_type import ValueType
 
 from features.feature_tables import FEATURE_TABLES
-from pipelines import feast_ops
+from pipelines import feast_ops, feast_sqlite
 from tests.test_feast_store import (
     FeatureJob,
     active_user,
@@ -166,57 +168,9 @@ def test_redis_arrow_engine_writes_what_feasts_engine_writes(
         users = set(table_rows(job.directory, "user_profile"))
         assert len(ours) >= len(users)
         assert ours == feasts
-        assert_stock_reads_the_same(stores["arrow"], tmp_path, job)
     finally:
         for store in stores.values():
             store.teardown()
-
-
-def assert_stock_reads_the_same(
-    store: FeatureStore, tmp_path: Path, job: FeatureJob
-) -> None:
-    """The prod yaml's store (one HMGET per entity across views) and Feast's
-    stock Redis store read the same project: equal responses, per view and for
-    whole feature services, with repeated and unknown entities."""
-    from feast.infra.online_stores.redis import RedisOnlineStoreConfig
-
-    stock = FeatureStore(
-        config=RepoConfig(
-            project=store.project,
-            provider="local",
-            registry=store.config.registry,
-            online_store=RedisOnlineStoreConfig(connection_string=REDIS),
-            entity_key_serialization_version=3,
-            repo_path=tmp_path,
-        )
-    )
-    assert type(store._get_provider().online_store).__name__ == (
-        "SingleReadRedisOnlineStore"
-    )
-    assert_same_online_values({"single": store, "stock": stock}, job)
-    users = sorted(table_rows(job.directory, "user_profile"))[:20]
-    rows = [{"user_id": u} for u in [*users, users[0], 10**12]]
-    for service in ("user_context_v1", "gem_ranking_v1"):
-        if service == "gem_ranking_v1":
-            ads = sorted(table_rows(job.directory, "ad_profile"))
-            rows = [
-                {"user_id": u, "ad_id": ads[i % len(ads)], "advertiser_id": i % 3}
-                for i, u in enumerate(users)
-            ]
-        got = [
-            s.get_online_features(
-                features=s.get_feature_service(service), entity_rows=rows
-            ).to_dict()
-            for s in (store, stock)
-        ]
-        assert got[0] == got[1], service
-        assert any(v is not None for v in next(iter(got[0].values())))
-    one = [{"user_id": users[3]}]
-    service = store.get_feature_service("user_context_v1")
-    assert (
-        store.get_online_features(features=service, entity_rows=one).to_dict()
-        == stock.get_online_features(features=service, entity_rows=one).to_dict()
-    )
 
 
 @needs_psycopg
@@ -231,7 +185,7 @@ def test_sql_registry_on_postgres(
             "path": pg_registry_url,
             "cache_ttl_seconds": 60,
         },
-        online_store=feast_ops.GuardedSqliteOnlineStoreConfig(
+        online_store=feast_sqlite.GuardedSqliteOnlineStoreConfig(
             path=str(tmp_path / "online.db")
         ),
         entity_key_serialization_version=3,
@@ -264,10 +218,57 @@ def test_prod_configuration_end_to_end(
     try:
         assert feast_ops.main([*base, "apply"]) == 0
         assert feast_ops.main([*base, "materialize"]) == 0
-        assert store.config.online_store.type == (
-            "pipelines.feast_redis.SingleReadRedisOnlineStore"
-        )
+        assert store.config.online_store.type == "redis"  # Feast's own store
         assert store.config.registry.registry_type == "sql"
+        assert store.config.registry.path == pg_registry_url
+        assert_online_is_latest(store, job)
+    finally:
+        store.teardown()
+
+
+@needs_redis
+@needs_psycopg
+def test_feast_cli_reads_the_prod_endpoints_from_the_environment(
+    tmp_path: Path, job: FeatureJob, project: str, pg_registry_url: str
+) -> None:
+    """``feast -f feature_store.prod.yaml apply`` / ``materialize-incremental``
+    (Feast's CLI, a subprocess) with ``$GEM_FEAST_REGISTRY_URL`` and
+    ``$GEM_FEAST_REDIS`` exported: Feast expands them, so the registry lands
+    in that PostgreSQL database and the values in that Redis."""
+    from tests.test_feast_cli import clean_env, fresh_clone
+
+    repo = fresh_clone(tmp_path)
+    prod = repo / "feature_store.prod.yaml"
+    # A project of its own: it namespaces the Redis keys teardown deletes.
+    prod.write_text(prod.read_text().replace("project: gem_ads", f"project: {project}"))
+    env = clean_env(
+        GEM_FEATURES_DIR=str(job.directory),
+        **{feast_ops.REGISTRY_URL_VAR: pg_registry_url, feast_ops.REDIS_VAR: REDIS},
+    )
+    script = (
+        "import sys\n"
+        "from feast.cli.cli import cli\n"
+        "for args in (['apply'], ['materialize-incremental', '2030-01-01T00:00:00']):\n"
+        "    cli(['-c', 'feature_repo', '-f', sys.argv[1], *args],"
+        " standalone_mode=False)\n"
+    )
+    # Both commands in one interpreter: Feast's import alone takes seconds.
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(prod)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    store = FeatureStore(
+        config=feast_ops.repo_config(
+            "prod", project=project, registry_url=pg_registry_url, redis=REDIS
+        )
+    )
+    try:
+        assert {v.name for v in store.list_feature_views()} == set(FEATURE_TABLES)
         assert_online_is_latest(store, job)
     finally:
         store.teardown()

@@ -146,26 +146,67 @@ def test_one_env_var_switches_the_configuration(
     monkeypatch.delenv(feast_ops.ENV_VAR, raising=False)
     assert feast_ops.config_file() == REPO / "feature_store.yaml"
     local = feast_ops.repo_config(state_dir=tmp_path, project="p1")
-    assert local.online_store.type == "pipelines.feast_ops.GuardedSqliteOnlineStore"
+    assert local.online_store.type == "pipelines.feast_sqlite.GuardedSqliteOnlineStore"
     assert local.online_store.path == str(tmp_path / "online_store.db")
     assert local.registry.path == str(tmp_path / "registry.db")
     assert local.project == "p1"
+    # Without --state-dir: Feast's convention, data/ in the repository.
+    default = yaml.safe_load((REPO / "feature_store.yaml").read_text())
+    assert default["registry"]["path"] == "data/registry.db"
+    assert default["online_store"]["path"] == "data/online_store.db"
+    assert (REPO / "data" / ".gitignore").is_file()
 
     monkeypatch.setenv(feast_ops.ENV_VAR, "prod")
     assert feast_ops.config_file() == REPO / "feature_store.prod.yaml"
     prod = yaml.safe_load(feast_ops.config_file().read_text())
-    assert prod["online_store"]["type"] == (
-        "pipelines.feast_redis.SingleReadRedisOnlineStore"
-    )
+    # Feast's own Redis store; the endpoints from the environment.
+    assert prod["online_store"]["type"] == "redis"
+    assert prod["online_store"]["connection_string"] == "${GEM_FEAST_REDIS}"
+    assert prod["registry"]["registry_type"] == "sql"
+    assert prod["registry"]["path"] == "${GEM_FEAST_REGISTRY_URL}"
     # Both materialize with our engine (pipelines/feast_engine.py).
     assert prod["batch_engine"]["type"] == feast_ops.ENGINE_TYPE
     assert local.batch_engine_config["type"] == feast_ops.ENGINE_TYPE
-    assert prod["registry"]["registry_type"] == "sql"
-    assert prod["registry"]["path"].startswith("postgresql+psycopg://")
 
     monkeypatch.setenv(feast_ops.ENV_VAR, "staging")
     with pytest.raises(ValueError, match="GEM_FEAST_ENV"):
         feast_ops.config_file()
+
+
+def test_prod_endpoints_come_from_the_environment_with_documented_defaults(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv(feast_ops.REDIS_VAR, raising=False)
+    monkeypatch.delenv(feast_ops.REGISTRY_URL_VAR, raising=False)
+    defaults = feast_ops.repo_config("prod")
+    assert defaults.online_store.connection_string == "127.0.0.1:6379"
+    assert defaults.registry.path == "postgresql+psycopg://root@127.0.0.1:5432/root"
+    assert "127.0.0.1:6379" in (REPO / "README.md").read_text()
+
+    monkeypatch.setenv(feast_ops.REDIS_VAR, "redis.internal:6380,db=2")
+    monkeypatch.setenv(feast_ops.REGISTRY_URL_VAR, "postgresql+psycopg://f@pg:5432/f")
+    exported = feast_ops.repo_config("prod")
+    assert exported.online_store.connection_string == "redis.internal:6380,db=2"
+    assert exported.registry.path == "postgresql+psycopg://f@pg:5432/f"
+    # Explicit arguments win over the environment.
+    given = feast_ops.repo_config("prod", redis="h:1", registry_url="sqlite:///r.db")
+    assert given.online_store.connection_string == "h:1"
+    assert given.registry.path == "sqlite:///r.db"
+
+
+def test_variables_expand_as_feasts_cli_expands_them() -> None:
+    text = "a: $ONE\nb: ${TWO}x\nc: ${UNSET}\nd: $$\n"
+    values = {"ONE": "1", "TWO": "2"}
+    assert (
+        feast_ops.expand_variables(text, values) == "a: 1\nb: 2x\nc: ${UNSET}\nd: $$\n"
+    )
+    import posixpath
+
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in values.items():
+            patch.setenv(name, value)
+        patch.delenv("UNSET", raising=False)
+        assert posixpath.expandvars(text) == feast_ops.expand_variables(text, values)
 
 
 def test_feast_cli_applies_and_materializes_the_feature_job_output(

@@ -28,7 +28,7 @@ from feast.infra.online_stores.sqlite import SqliteOnlineStoreConfig
 
 from features import vocab
 from features.feature_tables import EVENT_TIMESTAMP, FEATURE_TABLES
-from pipelines import feast_ops
+from pipelines import feast_ops, feast_sqlite
 from pipelines.reference import ReferenceOutput, build_reference, write_output
 from pipelines.synthetic import GeneratorConfig, generate, validation_now_ms
 from pipelines.synthetic.world import ads_table, contents_table, users_table
@@ -641,7 +641,11 @@ def test_plain_feast_sqlite_lets_the_older_write_win(
     ],
 )
 def test_bad_feature_tables_fail_apply_and_materialize_naming_view_and_column(
-    tmp_path: Path, job: FeatureJob, change: str, message: str
+    tmp_path: Path,
+    job: FeatureJob,
+    change: str,
+    message: str,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     directory = tmp_path / "features"
     shutil.copytree(job.directory, directory)
@@ -671,8 +675,12 @@ def test_bad_feature_tables_fail_apply_and_materialize_naming_view_and_column(
     pq.write_table(bad, path)
     with pytest.raises(feast_ops.FeatureTableError, match=message):
         feast_ops.materialize(store)
-    # The CLI says the same and exits 1.
-    assert feast_ops.main(["--features-dir", str(directory), "validate"]) == 1
+    # The CLI says the same on one line and exits 2.
+    capsys.readouterr()  # what Feast logged so far
+    assert feast_ops.main(["--features-dir", str(directory), "validate"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "feature view 'user_counters'" in line
+    assert message in line
 
 
 def test_sql_registry_works_through_sqlalchemy(tmp_path: Path, job: FeatureJob) -> None:
@@ -686,7 +694,7 @@ def test_sql_registry_works_through_sqlalchemy(tmp_path: Path, job: FeatureJob) 
             "path": f"sqlite:///{tmp_path / 'registry.db'}",
             "cache_ttl_seconds": 60,
         },
-        online_store=feast_ops.GuardedSqliteOnlineStoreConfig(
+        online_store=feast_sqlite.GuardedSqliteOnlineStoreConfig(
             path=str(tmp_path / "online.db")
         ),
         entity_key_serialization_version=3,

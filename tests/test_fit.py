@@ -202,11 +202,19 @@ def test_recalibration_calibrates_the_validation_period_and_keeps_rankings(
 
 
 def test_recalibration_without_validation_is_refused(
-    split: tuple[Path, Path, int], tmp_path: Path
+    split: tuple[Path, Path, int], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     train, evals, _ = split
+    argv = ["--train", str(train), "--eval", str(evals), "--recalibrate"]
+    assert fit_module.main([*argv, "--metrics-out", str(tmp_path / "x.json")]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "python -m trainer.fit: error: --recalibrate needs --validation; "
+        "add --validation DIR"
+    )
     with pytest.raises(ValueError, match="needs --validation"):
-        _run(train, evals, tmp_path / "x.json", "--model", "dlrm", "--recalibrate")
+        fit_module.fit(
+            fit_module.FitConfig(train=train, eval=evals, recalibrate=True),
+        )
 
 
 @pytest.mark.skipif(

@@ -134,3 +134,17 @@ def test_foreign_parquet_rows_with_times_outside_datetime_are_dead_letters(
     validator = ValidateEventsFn(FUZZ_NOW_MS)
     dead = [line for batch in batches for line in validator.compute(batch)[1]]
     assert len(dead) == 1
+
+
+@pytest.mark.parametrize("separator", ["\x85", "\u2028", "\u2029"])
+def test_a_line_separator_inside_an_id_keeps_one_dead_letter_per_row(
+    separator: str,
+) -> None:
+    # The dead letters' wire JSON is split into rows at "\n" only: pandas
+    # writes these separators raw inside strings.
+    bad = {**CLICK, "action": "unknown-action"}
+    table = events_from_records([{**bad, "event_id": f"e{separator}1"}, bad])
+    _, dead, read = ValidateEventsFn(FUZZ_NOW_MS).compute(
+        RawEvents("events/day-1.parquet", 1, table=table)
+    )
+    assert (read, len(dead)) == (2, 2)

@@ -55,3 +55,48 @@ def test_fresh_consumers_on_fresh_topics_all_get_their_partitions(
         if received < RECORDS:
             stuck.append(topic)
     assert not stuck, f"{len(stuck)} of {JOINS} consumers never got their partitions"
+
+
+def test_the_clients_noise_is_dropped_and_its_other_lines_kept() -> None:
+    import logging
+
+    client_fixes.apply()
+    seen: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record.getMessage())
+
+    handler = Keep()
+    selector = logging.getLogger("kafka.net.selector")
+    transport = logging.getLogger("kafka.net.transport")
+    for logger in (selector, transport):
+        logger.addHandler(handler)
+        # Whatever level a command set on "kafka" earlier in this process.
+        logger.setLevel(logging.DEBUG)
+    try:
+        selector.warning(
+            "Task %r ran for %.3fs (>%.3fs threshold). It is blocking the event "
+            "loop -- likely a tight sync loop inside a coroutine.",
+            "t",
+            0.2,
+            0.1,
+        )
+        transport.error(
+            "%s: Error receiving network data closing socket",
+            "<KafkaTCPTransport [none] (closed)>",
+        )
+        selector.warning("IO loop failed")
+        transport.error(
+            "%s: Error receiving network data closing socket",
+            "<KafkaTCPTransport [127.0.0.1:9092]>",
+        )
+    finally:
+        for logger in (selector, transport):
+            logger.removeHandler(handler)
+            logger.setLevel(logging.NOTSET)
+    assert seen == [
+        "IO loop failed",
+        "<KafkaTCPTransport [127.0.0.1:9092]>: Error receiving network data "
+        "closing socket",
+    ]

@@ -41,6 +41,12 @@ evidence and never shadows the checkpoints written after it.
 checkpoint files none of which verifies is an error
 (:class:`NoUsableCheckpointError`), unless the caller starts fresh on purpose.
 
+The model a checkpoint holds is described in it (:func:`model_record`): the
+model's name, its preset and the whole :class:`~trainer.config.ModelConfig`,
+written by the trainer daemon and by ``trainer.fit --save``; a reader
+rebuilds the model from it alone (:func:`model_from_record`), and a
+checkpoint without one is refused with :class:`MissingModelConfigError`.
+
 ``GEM_CHECKPOINT_PAUSE_S`` (tests only) sleeps in the middle of the write and
 again before the rename, so a test can SIGKILL the process inside it.
 """
@@ -59,6 +65,9 @@ from typing import Any, Final
 
 import torch
 
+from features.cli import CommandError
+from trainer.config import ModelConfig, config_from_dict, config_to_dict
+
 log = logging.getLogger(__name__)
 
 PREFIX: Final = "ckpt-"
@@ -70,6 +79,10 @@ MANIFEST_KEY: Final = "integrity"
 MANIFEST_FORMAT: Final = 1
 # Errors that mean "no room": the write is retried once after freeing space.
 _NO_SPACE: Final = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+
+
+class MissingModelConfigError(CommandError):
+    """A checkpoint that does not say which model it holds."""
 
 
 class CheckpointCorruptError(ValueError):
@@ -326,6 +339,89 @@ def _rotate(directory: Path, written: Path, keep: int) -> None:
     others = [p for p in list_checkpoints(directory) if p != written]
     for old in others[: max(0, len(others) - max(keep - 1, 0))]:
         old.unlink(missing_ok=True)
+
+
+# ---- the model a checkpoint holds -------------------------------------------
+
+
+class UnusableCheckpointError(CommandError):
+    """A checkpoint named on a command line that cannot be read."""
+
+
+CHECKPOINT_FIX: Final = (
+    "point it at a checkpoint file or folder written by python -m trainer.daemon "
+    "(--checkpoint-dir) or python -m trainer.fit (--save)"
+)
+
+
+def model_record(name: str, preset: str | None, config: ModelConfig) -> dict[str, Any]:
+    """The checkpoint keys that describe its model: ``model_name``,
+    ``model_preset`` (the preset it was built from; None for a config of
+    its own) and ``model_config`` (the config itself, as plain data)."""
+    return {
+        "model_name": name,
+        "model_preset": preset,
+        "model_config": config_to_dict(config),
+    }
+
+
+def model_from_record(state: dict[str, Any], path: Path) -> tuple[str, ModelConfig]:
+    """The model name and config a loaded checkpoint (from ``path``) holds.
+
+    Raises:
+        MissingModelConfigError: the checkpoint carries no ``model_config``.
+    """
+    raw = state.get("model_config")
+    if not isinstance(raw, dict):
+        raise missing_model_config(path)
+    return str(state.get("model_name", "gem")), config_from_dict(raw)
+
+
+def missing_model_config(path: Path) -> MissingModelConfigError:
+    """The error of the checkpoint ``path`` that carries no ``model_config``."""
+    return MissingModelConfigError(
+        f"checkpoint {path} does not say which model it holds (no model_config)",
+        "resume it once with python -m trainer.daemon (its --model and --preset) "
+        "or train one with python -m trainer.fit --save DIR: their checkpoints "
+        "carry it",
+    )
+
+
+def read_model_checkpoint(path: Path, flag: str) -> tuple[dict[str, Any], Path]:
+    """The checkpoint file ``path``, or the newest that verifies in the folder
+    ``path``, checked to describe its model (:func:`model_from_record`).
+
+    Args:
+        path: a checkpoint file, or a folder of them.
+        flag: the command-line flag that named it, for the error line.
+
+    Raises:
+        UnusableCheckpointError: nothing there, or nothing that verifies.
+        MissingModelConfigError: it does not say which model it holds.
+    """
+    if path.is_dir():
+        found = load_latest(path)
+        if found is None:
+            what = (
+                "none of its checkpoint files verifies"
+                if checkpoint_files(path)
+                else f"no checkpoint files ({PREFIX}*{SUFFIX}) there"
+            )
+            raise UnusableCheckpointError(f"{flag} {path}: {what}", CHECKPOINT_FIX)
+        state, path = found
+    elif path.is_file():
+        try:
+            state = read_checkpoint_file(path)
+        except CheckpointCorruptError as error:
+            raise UnusableCheckpointError(
+                f"{flag} {path}: {error}", CHECKPOINT_FIX
+            ) from error
+    else:
+        raise UnusableCheckpointError(
+            f"{flag} {path}: no such file or folder", CHECKPOINT_FIX
+        )
+    model_from_record(state, path)
+    return state, path
 
 
 # ---- reading --------------------------------------------------------------

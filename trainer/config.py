@@ -21,8 +21,9 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from trainer.ops.kernel import Kernel
 
@@ -346,6 +347,43 @@ def preset(name: str) -> ModelConfig:
         ) from None
 
 
+def config_to_dict(config: ModelConfig) -> dict[str, Any]:
+    """``config`` as plain dicts, lists and strings: what a checkpoint loaded
+    with ``torch.load(weights_only=True)`` can hold.
+
+    Example:
+        >>> config_to_dict(tiny())["embedding"]["dim"]
+        8
+    """
+    raw = dataclasses.asdict(config)
+    raw["kernel"] = str(config.kernel.value)
+    return raw
+
+
+def config_from_dict(raw: dict[str, Any]) -> ModelConfig:
+    """Inverse of :func:`config_to_dict` (lists back to tuples).
+
+    Example:
+        >>> config_from_dict(config_to_dict(default())) == default()
+        True
+    """
+
+    def part(cls: Any, values: dict[str, Any]) -> Any:
+        fixed = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
+        return cls(**fixed)
+
+    return ModelConfig(
+        embedding=part(EmbeddingConfig, raw["embedding"]),
+        wukong=part(WukongConfig, raw["wukong"]),
+        pyramid=part(PyramidConfig, raw["pyramid"]),
+        interformer=part(InterFormerConfig, raw["interformer"]),
+        heads=part(HeadsConfig, raw["heads"]),
+        baseline=part(BaselineConfig, raw["baseline"]),
+        use_sequences=bool(raw["use_sequences"]),
+        kernel=Kernel(raw["kernel"]),
+    )
+
+
 __all__ = [
     "BaselineConfig",
     "EmbeddingConfig",
@@ -355,6 +393,8 @@ __all__ = [
     "ModelConfig",
     "PyramidConfig",
     "WukongConfig",
+    "config_from_dict",
+    "config_to_dict",
     "default",
     "large",
     "preset",

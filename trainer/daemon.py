@@ -1,11 +1,13 @@
 """``python -m trainer.daemon``: train GEM continuously from a Kafka topic.
 
-    python -m trainer.daemon --topic examples --group gem-trainer \\
-        --checkpoint-dir ckpt/ [--model gem --preset tiny] [--idle-seconds 10] \\
-        [--metrics-jsonl m.jsonl --prometheus-port 9108 --tensorboard tb/] \\
-        [--metrics-address 127.0.0.1] [--start-fresh] \\
-        [--kafka-bootstrap HOST:PORT ...]
+    python -m trainer.daemon --kafka-bootstrap HOST:PORT --topic examples \\
+        --checkpoint-dir ckpt/ [--model gem --preset default] [--idle-seconds 10] \\
+        [--metrics-jsonl m.jsonl --prometheus-port 9108 --tensorboard tb/]
     torchrun --nproc-per-node 2 -m trainer.daemon ...   # data parallel, gloo
+
+``python -m trainer.daemon --help`` lists every flag
+(:mod:`trainer.commands.daemon`); ``--kafka-bootstrap`` is required: the
+daemon trains from the cluster the feature job publishes into.
 
 Loop, per iteration: take one decoded message (a batch) from this rank's
 partitions → all-gather who has what → score before training (progressive
@@ -59,27 +61,34 @@ test can prove exactly-once from the checkpoint chain.
 
 from __future__ import annotations
 
-import argparse
+import sys
+
+if __name__ == "__main__":
+    # Flags first, torch after: --help and flag errors answer at once. The
+    # command imports this module again, under its own name, to train.
+    from trainer.commands.daemon import main
+
+    sys.exit(main())
+
 import ctypes
 import dataclasses
 import json
 import logging
 import os
 import signal
-import sys
 import time
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from features.kafka import KafkaSettings, add_kafka_arguments, kafka_cluster
+from features.kafka import KafkaSettings
 from trainer.checkpoint import (
     CheckpointWriteError,
     NoUsableCheckpointError,
+    model_record,
     resume_state,
     save_checkpoint,
 )
@@ -89,11 +98,10 @@ from trainer.models.base_rate import BaseRateOffset, prior_logits
 from trainer.models.registry import build_model, model_config
 from trainer.models.train import GEMTrain
 from trainer.progressive import ProgressiveMetrics
+from trainer.prometheus import RunTotals
 from trainer.reporting import Reporter
+from trainer.run_config import DaemonConfig
 from trainer.sharding import (
-    DEFAULT_MIN_ROWS,
-    EMBEDDING_OPTIMIZERS,
-    SHARDINGS,
     OptimizerConfig,
     borrow_batch,
     build_strategy,
@@ -108,40 +116,6 @@ HAS_BATCH, EXAMPLES, PARTITION, OFFSET, STOP, DRAINED, READY, FAILED = range(8)
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 EXIT_NO_CHECKPOINT = 2
 EXIT_CHECKPOINT_WRITE = 3
-
-
-@dataclass(frozen=True, kw_only=True)
-class DaemonConfig:
-    """One daemon run (the CLI's flags)."""
-
-    topic: str
-    group: str
-    checkpoint_dir: Path
-    model: str = "gem"
-    preset: str = "tiny"
-    lr: float = 1e-3
-    seed: int = 0
-    checkpoint_every: int = 50
-    keep: int = 3
-    idle_seconds: float | None = None
-    max_steps: int | None = None
-    queue_size: int = 8
-    dead_letter: str | None = None
-    log_every: int = 10
-    window_examples: int = 2000
-    metrics_jsonl: Path | None = None
-    prometheus_port: int = 0
-    metrics_address: str = "127.0.0.1"
-    start_fresh: bool = False
-    tensorboard_dir: Path | None = None
-    plot: Path | None = None
-    prior_click_rate: float = 0.02
-    prior_conversion_rate: float = 0.002
-    device: str = "auto"
-    sharding: str = "replicated"
-    embedding_optimizer: str = "auto"
-    embedding_lr: float | None = None
-    min_sharded_rows: int = DEFAULT_MIN_ROWS
 
 
 def _device(name: str) -> torch.device:
@@ -264,7 +238,16 @@ def run(config: DaemonConfig, settings: KafkaSettings) -> dict[str, Any]:
         prometheus_address=config.metrics_address,
         tensorboard_dir=config.tensorboard_dir,
         enabled=rank == 0,
+        restored=RunTotals(
+            step=step,
+            examples=examples,
+            dead_letters=dead_letters,
+            checkpoint=loaded[1],
+        )
+        if loaded is not None
+        else None,
     )
+    reporter.watch_consumer(config.topic, source.lag)
     applied: list[
         list[int]
     ] = []  # (partition, offset) since the last checkpoint, all ranks
@@ -326,6 +309,11 @@ def run(config: DaemonConfig, settings: KafkaSettings) -> dict[str, Any]:
                         "parent": lineage or "",
                         "topic": config.topic,
                         "run": _run_identity(config),
+                        **model_record(
+                            config.model,
+                            config.preset,
+                            model_config(config.model, preset_config(config.preset)),
+                        ),
                         "world_size": world,
                         "param_checksums": [t.tolist() for t in sums],
                     },
@@ -333,6 +321,7 @@ def run(config: DaemonConfig, settings: KafkaSettings) -> dict[str, Any]:
                 )
             except CheckpointWriteError as error:
                 written = False
+                reporter.checkpoint_failed()
                 log.error(
                     "checkpoint step %d NOT written: %s; %s",
                     step,
@@ -343,6 +332,7 @@ def run(config: DaemonConfig, settings: KafkaSettings) -> dict[str, Any]:
                 )
             else:
                 last_good = path
+                reporter.checkpoint_written(step)
                 log.info(
                     "checkpoint step %d: %.2f MB, gather %.3f s, write %.3f s",
                     step,
@@ -440,6 +430,7 @@ def run(config: DaemonConfig, settings: KafkaSettings) -> dict[str, Any]:
                     else:
                         dead_letters += 1
             source.iteration_done()
+            reporter.count(step=step, examples=examples, dead_letters=dead_letters)
             stepped = int(any(int(r[HAS_BATCH]) for r in everyone))
             if stepped and step % config.log_every == 0:
                 report()
@@ -538,108 +529,3 @@ def run_daemon_until_drained(
         **options,
     )
     return run(config, settings)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """CLI entry point (see the module docstring)."""
-    _die_with_launcher()
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--topic", required=True)
-    parser.add_argument("--group", default="gem-trainer")
-    parser.add_argument("--checkpoint-dir", type=Path, required=True)
-    parser.add_argument("--model", default="gem")
-    parser.add_argument("--preset", default="tiny")
-    parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--checkpoint-every", type=int, default=50, metavar="STEPS")
-    parser.add_argument("--keep", type=int, default=3)
-    parser.add_argument(
-        "--idle-seconds", type=float, help="bounded run: stop when idle"
-    )
-    parser.add_argument("--max-steps", type=int)
-    parser.add_argument("--dead-letter", help="topic, or a .jsonl file")
-    parser.add_argument("--log-every", type=int, default=10)
-    parser.add_argument("--window-examples", type=int, default=2000)
-    parser.add_argument("--metrics-jsonl", type=Path)
-    parser.add_argument("--prometheus-port", type=int, default=0)
-    parser.add_argument(
-        "--metrics-address",
-        default="127.0.0.1",
-        help="address the Prometheus endpoint listens on (0.0.0.0: every interface)",
-    )
-    parser.add_argument(
-        "--start-fresh",
-        action="store_true",
-        help="when no checkpoint in --checkpoint-dir verifies, train a new "
-        "model from the topic's earliest offsets instead of refusing to start",
-    )
-    parser.add_argument("--tensorboard", type=Path, dest="tensorboard_dir")
-    parser.add_argument("--plot", type=Path, help="PNG of the curves at the end")
-    parser.add_argument(
-        "--device", default="auto", help="auto: this rank's GPU if any, else cpu"
-    )
-    parser.add_argument("--prior-click-rate", type=float, default=0.02)
-    parser.add_argument("--prior-conversion-rate", type=float, default=0.002)
-    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
-    parser.add_argument(
-        "--sharding",
-        choices=SHARDINGS,
-        default="replicated",
-        help="replicated: every rank holds all tables (default: the presets' "
-        "capped tables are small); model-parallel: TorchRec shards the tables",
-    )
-    parser.add_argument(
-        "--embedding-optimizer",
-        choices=EMBEDDING_OPTIMIZERS,
-        default="auto",
-        help="auto: adam (with the dense part) when replicated, adagrad when "
-        "model-parallel (fbgemm's fused CPU kernel has no Adam)",
-    )
-    parser.add_argument("--embedding-lr", type=float, help="default: --lr")
-    parser.add_argument(
-        "--min-sharded-rows",
-        type=int,
-        default=DEFAULT_MIN_ROWS,
-        help="model-parallel: pooled tables with fewer rows stay replicated",
-    )
-    add_kafka_arguments(parser)
-    args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-        force=True,  # imports (fbgemm) configure the root logger first
-    )
-    torch.set_num_threads(args.threads)
-    fields = {
-        k: v for k, v in vars(args).items() if k in DaemonConfig.__dataclass_fields__
-    }
-    settings = KafkaSettings.from_args(args)
-    if settings.embedded:
-        parser.error("--kafka-bootstrap is required (the daemon trains from a cluster)")
-    try:
-        with kafka_cluster(settings) as cluster:
-            result = run(DaemonConfig(**fields), cluster)
-    except NoUsableCheckpointError as error:
-        print(f"trainer.daemon: refusing to start: {error}", file=sys.stderr)
-        return EXIT_NO_CHECKPOINT
-    except CheckpointWriteError as error:
-        print(f"trainer.daemon: {error}", file=sys.stderr)
-        return EXIT_CHECKPOINT_WRITE
-    finally:
-        # Every rank, also when run raised after its collective stop.
-        if dist.is_initialized():
-            dist.destroy_process_group()
-    if int(os.environ.get("RANK", "0")) == 0:
-        print(
-            json.dumps(
-                {
-                    k: result[k]
-                    for k in ("step", "examples", "records", "dead_letters", "png")
-                }
-            )
-        )
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

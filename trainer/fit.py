@@ -1,14 +1,7 @@
 """Train a model on one feature-job output and evaluate it on another.
 
-Usage::
-
-    python -m trainer.fit --train DIR --eval DIR --model gem \\
-        [--preset tiny|default|large] [--epochs N] [--batch-size B] \\
-        [--max-seq-len N] [--lr LR] [--lr-schedule constant|cosine] \\
-        [--optimizer adam|adam+adagrad] \\
-        [--validation DIR] [--seed S] [--device auto|cpu|cuda]
-        [--precision fp32|bf16] [--max-train-seconds S] [--recalibrate]
-        --metrics-out FILE.json
+Usage: ``python -m trainer.fit --help`` (the flags live in
+:mod:`trainer.commands.fit`; this module is the training they run).
 
 ``DIR`` is a feature-job ``--output`` dir (examples + timelines, see
 :mod:`trainer.data`). Metrics (:mod:`features.metrics`): NE normalized by the
@@ -62,6 +55,12 @@ sizes reuse one graph. Train and eval mode, and a smaller last batch, each
 compile once more. Worth it on a GPU; on this CPU it saves ~15 % of a
 default-preset step once the first steps have paid for the compile.
 
+``--save DIR``: the model evaluated (the selected epoch, recalibrated when
+asked) is written as a :mod:`trainer.checkpoint` file in ``DIR``, with its
+model name, preset and :class:`~trainer.config.ModelConfig`
+(:func:`trainer.checkpoint.model_record`), so distillation reads the
+teacher's configuration from it.
+
 Deterministic for a seed (on the CPU): the model init (``torch.manual_seed``), the epoch
 order (``(seed, epoch)``-seeded permutation) and the row order on disk
 (sorted on read) are all fixed; CPU kernels are deterministic at a fixed
@@ -70,65 +69,47 @@ thread count.
 
 from __future__ import annotations
 
-import argparse
+import sys
+
+if __name__ == "__main__":
+    # Flags first, torch after: --help and flag errors answer at once. The
+    # command imports this module again, under its own name, to train.
+    from trainer.commands.fit import main
+
+    sys.exit(main())
+
 import copy
 import dataclasses
-import json
 import math
-import sys
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import torch
 from torch import nn
 
+from features.cli import progress
 from features.metrics import binary_metrics
 from features.vocab import DOMAINS, TRAINING_OBJECTIVES
 from trainer.calibration import calibration_shifts
+from trainer.checkpoint import model_record, save_checkpoint
+from trainer.commands.fit import main as main
+from trainer.commands.flags import unreadable
 from trainer.config import ModelConfig
 from trainer.config import preset as preset_config
-from trainer.data import ExampleDataset
+from trainer.data import ExampleDataset, event_time_ms
 from trainer.models.base_rate import BaseRateOffset
-from trainer.models.registry import MODEL_NAMES, build_model, model_config
+from trainer.models.registry import build_model, model_config
 from trainer.models.train import GEMTrain
+from trainer.run_config import FitConfig
 from trainer.train_step import (
     collect_predictions,
     compile_model,
     eval_step,
     train_step,
 )
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class FitConfig:
-    """One run: data, model, schedule (the CLI's arguments)."""
-
-    train: Path
-    eval: Path
-    model: str = "gem"
-    preset: str = "tiny"
-    epochs: int = 1
-    batch_size: int = 256
-    max_seq_len: int | None = None  # None: the preset's
-    lr: float = 1e-3
-    lr_schedule: str = "constant"  # constant | cosine (to 0 over the run)
-    embedding_lr: float = 0.05  # Adagrad's, with --optimizer adam+adagrad
-    optimizer: str = "adam"
-    max_grad_norm: float = 10.0
-    max_steps_per_epoch: int | None = None
-    validation: Path | None = None  # per-epoch selection set (before eval)
-    validation_sample: int | None = None  # score a fixed sample of it (None: all)
-    train_ne_sample: int = 10_000  # train examples scored after each epoch
-    seed: int = 0
-    threads: int = 1
-    device: str = "auto"  # auto: cuda if available, else cpu
-    precision: str = "fp32"  # fp32 | bf16 (autocast, GPU only)
-    max_train_seconds: float | None = None  # no new epoch after this
-    recalibrate: bool = False  # shift output biases to calibrate on validation
-    compile: str | None = None  # a torch.compile backend (inductor, ...); None: eager
 
 
 def resolve_device(name: str) -> torch.device:
@@ -317,13 +298,15 @@ def fit(
     eval_data: ExampleDataset | None = None,
     validation_data: ExampleDataset | None = None,
     predictions_out: dict[str, np.ndarray] | None = None,
+    save_dir: Path | None = None,
 ) -> dict[str, Any]:
     """Train, evaluate, return the metrics report (what ``--metrics-out`` holds).
 
     ``base_config`` replaces the preset (benchmarks' custom sizes); datasets
     may be passed in to share one in-memory copy between runs;
     ``predictions_out`` receives the eval predictions (see
-    :func:`evaluate_dataset`).
+    :func:`evaluate_dataset`); ``save_dir`` receives the evaluated model as a
+    checkpoint (:func:`save_fitted`), whose path the report names.
     """
     # One intra-op thread by default: these models are many small ops, and on
     # a small shared CPU OpenMP's barriers between two threads cost more than
@@ -350,6 +333,7 @@ def fit(
     model = GEMTrain(
         BaseRateOffset(build_model(cfg.model, config), base_rate_logits(train))
     ).to(device)
+    eager = model.model  # what --save writes: the names without compile's
     if cfg.compile is not None:
         # The loss and the optimizer stay eager; the model is the graph.
         model.model = compile_model(model.model, backend=cfg.compile)
@@ -391,25 +375,30 @@ def fit(
         # Sum losses as a tensor: one host sync per epoch, not per step.
         total, steps = torch.zeros((), device=device), 0
         started = time.perf_counter()
-        for batch in train.batches(
-            cfg.batch_size,
-            shuffle=True,
-            seed=cfg.seed,
-            epoch=epoch,
-            max_batches=cfg.max_steps_per_epoch,
-            pin_memory=on_gpu,
-        ):
-            if on_gpu:
-                batch = batch.to(device, non_blocking=True)
-            factor = lr_factor(cfg.lr_schedule, step_index, total_steps)
-            for group, base_lr in zip(optimizer.param_groups, base_lrs, strict=True):
-                group["lr"] = base_lr * factor
-            step_index += 1
-            with autocast:
-                out = train_step(model, batch, optimizer, cfg.max_grad_norm)
-            total += out.loss
-            steps += 1
-            seen += batch.size
+        bar = progress(f"epoch {epoch + 1}/{cfg.epochs}", total=steps_per_epoch)
+        with bar as epoch_bar:
+            for batch in train.batches(
+                cfg.batch_size,
+                shuffle=True,
+                seed=cfg.seed,
+                epoch=epoch,
+                max_batches=cfg.max_steps_per_epoch,
+                pin_memory=on_gpu,
+            ):
+                if on_gpu:
+                    batch = batch.to(device, non_blocking=True)
+                factor = lr_factor(cfg.lr_schedule, step_index, total_steps)
+                for group, base_lr in zip(
+                    optimizer.param_groups, base_lrs, strict=True
+                ):
+                    group["lr"] = base_lr * factor
+                step_index += 1
+                with autocast:
+                    out = train_step(model, batch, optimizer, cfg.max_grad_norm)
+                total += out.loss
+                steps += 1
+                seen += batch.size
+                epoch_bar.advance()
         if on_gpu:
             torch.cuda.synchronize(device)  # the epoch's time includes its kernels
         train_seconds += time.perf_counter() - started
@@ -441,8 +430,20 @@ def fit(
         shifts = recalibrate(model, validation, autocast)
     with autocast:
         metrics = evaluate_dataset(model, evals, predictions_out=predictions_out)
+    saved = None
+    if save_dir is not None:
+        saved = save_fitted(
+            save_dir,
+            eager,
+            optimizer,
+            cfg,
+            config,
+            step=step_index,
+            trained_until_ms=int(event_time_ms(train.examples).max(initial=0)),
+        )
     return _clean(
         {
+            "checkpoint": saved,
             "config": {
                 "fit": dataclasses.asdict(cfg),
                 "model": dataclasses.asdict(config),
@@ -475,6 +476,69 @@ def fit(
             **metrics,
         }
     )
+
+
+def load_datasets(
+    cfg: FitConfig, base_config: ModelConfig | None = None
+) -> tuple[ExampleDataset, ExampleDataset, ExampleDataset | None]:
+    """The train, eval and validation (None without one) sets of ``cfg``,
+    read once (the ``*_data`` arguments of :func:`fit`); a file that does not
+    parse is a :class:`~features.cli.CommandError` naming its flag."""
+    seq_len = resolved_model_config(cfg, base_config).embedding.max_seq_len
+
+    def read(flag: str, path: Path) -> ExampleDataset:
+        try:
+            return ExampleDataset(path, max_seq_len=seq_len)
+        except FileNotFoundError:
+            raise
+        except (pa.ArrowException, OSError) as error:
+            raise unreadable(flag, path, error) from error
+
+    validation = cfg.validation
+    return (
+        read("--train", cfg.train),
+        read("--eval", cfg.eval),
+        None if validation is None else read("--validation", validation),
+    )
+
+
+def save_fitted(
+    directory: Path,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    cfg: FitConfig,
+    config: ModelConfig,
+    *,
+    step: int,
+    trained_until_ms: int,
+) -> str:
+    """Write the trained ``model`` (the ``BaseRateOffset``-wrapped one, not
+    compiled) in the daemon's checkpoint format; returns the path.
+
+    The state dict is ``GEMTrain``'s (``model.``-prefixed), what
+    :func:`trainer.distill.teacher.load_teacher` and the daemon load.
+    """
+    # CPU copies: the checkpoint loads the same on a machine without a GPU.
+    state = {f"model.{k}": v.detach().cpu() for k, v in model.state_dict().items()}
+    if isinstance(optimizer, _Combined):
+        optimizer_state: Any = [o.state_dict() for o in optimizer.optimizers]
+    else:
+        optimizer_state = optimizer.state_dict()
+    path = save_checkpoint(
+        directory,
+        {
+            "model": state,
+            "optimizer": optimizer_state,
+            "step": step,
+            "offsets": {},
+            "trained_until_ms": trained_until_ms,
+            "fit": _clean(dataclasses.asdict(cfg)),
+            **model_record(cfg.model, cfg.preset, config),
+        },
+        keep=1,
+    )
+    print(f"saved the model to {path}", file=sys.stderr)
+    return str(path)
 
 
 def recalibrate(
@@ -537,78 +601,3 @@ def format_table(report: dict[str, Any]) -> str:
             f"selected epoch {t['selected_epoch']}"
         )
     return "\n".join(rows)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """CLI entry point (see the module docstring)."""
-    p = argparse.ArgumentParser(
-        prog="python -m trainer.fit", description=__doc__.splitlines()[0]
-    )
-    p.add_argument("--train", type=Path, required=True, help="feature-job output dir")
-    p.add_argument("--eval", type=Path, required=True, help="feature-job output dir")
-    p.add_argument("--model", choices=MODEL_NAMES, default="gem")
-    p.add_argument("--preset", choices=("tiny", "default", "large"), default="tiny")
-    p.add_argument("--epochs", type=int, default=1)
-    p.add_argument("--batch-size", type=int, default=256)
-    p.add_argument("--max-seq-len", type=int, default=None)
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument(
-        "--lr-schedule",
-        choices=("constant", "cosine"),
-        default="constant",
-        help="cosine: anneal every learning rate to 0 over epochs x steps",
-    )
-    p.add_argument("--embedding-lr", type=float, default=0.05)
-    p.add_argument("--optimizer", choices=("adam", "adam+adagrad"), default="adam")
-    p.add_argument("--max-steps-per-epoch", type=int, default=None)
-    p.add_argument(
-        "--validation",
-        type=Path,
-        default=None,
-        help="feature-job output dir scored after every epoch; the best epoch "
-        "(overall click NE) is the one evaluated",
-    )
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
-    p.add_argument(
-        "--device", default="auto", help="auto (cuda if available) | cpu | cuda[:N]"
-    )
-    p.add_argument(
-        "--precision",
-        choices=("fp32", "bf16"),
-        default="fp32",
-        help="bf16: autocast the forward on a GPU (ignored on the CPU)",
-    )
-    p.add_argument(
-        "--max-train-seconds",
-        type=float,
-        default=None,
-        help="start no new epoch after this many seconds (a safety net)",
-    )
-    p.add_argument(
-        "--recalibrate",
-        action="store_true",
-        help="after training, shift each task's output bias so the whole "
-        "validation period is calibrated (needs --validation)",
-    )
-    p.add_argument(
-        "--compile",
-        nargs="?",
-        const="inductor",
-        default=None,
-        metavar="BACKEND",
-        help="run the model under torch.compile (backend: inductor when not "
-        "given; aot_eager traces without code generation)",
-    )
-    p.add_argument("--metrics-out", type=Path, required=True)
-    args = vars(p.parse_args(argv))
-    out = args.pop("metrics_out")
-    report = fit(FitConfig(**args))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
-    print(format_table(report))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -30,6 +30,14 @@ headers carrying the original length and SHA-256 and ``truncated=true``
 message is set aside like any other and the stream goes on. A dead-letter
 write that fails (broker away) is retried with backoff, never skipped.
 
+Lag (:meth:`KafkaSource.lag`): after every poll the thread notes each
+assigned partition's end offset from what the fetch responses already carry
+(kafka-python's cached high watermark: no request of its own), and asks the
+broker for the end offsets once every ``LAG_REFRESH_S`` (also while it waits
+for room in a full queue), because a backlogged partition's fetch responses
+are read late. So the lag, end offset minus the next offset to train, costs
+nothing per step and can be read at any moment, e.g. when Prometheus scrapes.
+
 Outages: a failing poll, or a failing liveness probe while no records come,
 is retried with exponential backoff and logged; the idle clock (used to
 decide "drained") restarts when the broker is back, so an outage longer
@@ -57,6 +65,7 @@ from trainer.inputs import make_batch
 log = logging.getLogger(__name__)
 
 PROBE_EVERY_S: Final = 1.0
+LAG_REFRESH_S: Final = 5.0
 PROBE_TIMEOUT_MS: Final = 1500
 MAX_BACKOFF_S: Final = 30.0
 FENCE_TIMEOUT_S: Final = 10.0
@@ -145,6 +154,13 @@ class KafkaSource:
         self._closing = threading.Event()
         self._commit: dict[int, int] | None = None
         self._assigned: set[int] = set()
+        # Per assigned partition: its end offset as of the last poll, and
+        # where this assignment started reading it (the first record fetched,
+        # else the fetch position): the lag of a partition nothing was
+        # marked in yet counts from there.
+        self._ends: dict[int, int] = {}
+        self._starts: dict[int, int] = {}
+        self._ends_asked = 0.0  # monotonic time of the last end-offsets request
         self._reachable = True
         self._last_activity = time.monotonic()
         self._last_contact = time.monotonic()
@@ -198,6 +214,20 @@ class KafkaSource:
         """The next-offset map (what the checkpoint stores)."""
         with self._lock:
             return dict(self._next)
+
+    def lag(self) -> dict[int, int]:
+        """Records not yet trained on, per partition assigned to this consumer.
+
+        End offset (as of the last poll) minus the next offset to train
+        (:meth:`mark`'s map; where this assignment started reading, for a
+        partition with nothing marked yet). Partitions whose end is not
+        known yet (no fetch response since the assignment) are left out.
+        """
+        with self._lock:
+            return {
+                p: max(0, end - self._next.get(p, self._starts.get(p, end)))
+                for p, end in self._ends.items()
+            }
 
     def request_commit(self) -> None:
         """Commit this rank's assigned partitions' offsets (after a checkpoint)."""
@@ -257,6 +287,7 @@ class KafkaSource:
                 with source._lock:
                     source._generation += 1
                     source._assigned = set()
+                    source._ends, source._starts = {}, {}
                     source._joined = False
                 source._fence()  # a record taken before the bump may be mid-step
 
@@ -298,6 +329,9 @@ class KafkaSource:
                     records = consumer.poll(
                         timeout_ms=self.poll_ms, max_records=self._queue.maxsize
                     )
+                    with self._lock:
+                        for tp, messages in records.items():
+                            self._starts.setdefault(tp.partition, messages[0].offset)
                     if not records and time.monotonic() - last_probe > PROBE_EVERY_S:
                         last_probe = time.monotonic()
                         probe = next(iter(consumer.assignment()), None)
@@ -306,6 +340,7 @@ class KafkaSource:
                         self._last_contact = time.monotonic()
                     elif records:
                         self._last_contact = time.monotonic()
+                    self._note_ends(consumer)
                 except KafkaError as error:
                     if self._reachable:
                         down_since = time.monotonic()
@@ -331,7 +366,7 @@ class KafkaSource:
                 for tp, messages in records.items():
                     for message in messages:
                         self._last_activity = time.monotonic()
-                        self._put(self._decode(tp.partition, message))
+                        self._put(self._decode(tp.partition, message), consumer)
         finally:
             try:
                 self._flush_commit(consumer)  # a clean exit's last checkpoint
@@ -340,6 +375,38 @@ class KafkaSource:
             consumer.close(autocommit=False)
             if hasattr(self, "_producer"):
                 self._producer.close()
+
+    def _note_ends(self, consumer: Any) -> None:
+        """Cache each assigned partition's end offset (and, until a record
+        comes, its fetch position as where reading started).
+
+        Both are client-side state after a poll (the high watermark comes
+        with every fetch response); only once every ``LAG_REFRESH_S`` are
+        the end offsets asked of the broker. Ends only grow: the larger of
+        the two is kept.
+        """
+        assigned = list(consumer.assignment())
+        ends = {tp.partition: consumer.highwater(tp) for tp in assigned}
+        if assigned and time.monotonic() - self._ends_asked > LAG_REFRESH_S:
+            self._ends_asked = time.monotonic()
+            asked = consumer.end_offsets(assigned, timeout_ms=PROBE_TIMEOUT_MS)
+            for tp, end in asked.items():
+                ends[tp.partition] = max(end, ends[tp.partition] or end)
+        with self._lock:
+            started = set(self._starts) | set(self._next)
+        positions = {}
+        for tp in assigned:
+            if tp.partition not in started and ends[tp.partition] is not None:
+                # Fetched from, so it has a position: answered locally.
+                position = consumer.position(tp, timeout_ms=0)
+                if position is not None:
+                    positions[tp.partition] = position
+        with self._lock:
+            for partition, end in ends.items():
+                if end is not None:
+                    self._ends[partition] = max(end, self._ends.get(partition, end))
+            for partition, position in positions.items():
+                self._starts.setdefault(partition, position)
 
     def _flush_commit(self, consumer: Any) -> None:
         from kafka import OffsetAndMetadata, TopicPartition
@@ -401,13 +468,20 @@ class KafkaSource:
         kept = decoded if self.keep_examples and batch is not None else None
         return Item(partition, message.offset, batch, generation, decoded=kept)
 
-    def _put(self, item: Item) -> None:
+    def _put(self, item: Item, consumer: Any) -> None:
+        from kafka.errors import KafkaError
+
         while not self._closing.is_set():
             try:
                 self._queue.put(item, timeout=0.1)
                 return
             except queue.Full:
-                continue  # bounded: the step is behind; wait for it
+                # Bounded: the step is behind; wait for it, lag kept fresh.
+                if time.monotonic() - self._ends_asked > LAG_REFRESH_S:
+                    try:
+                        self._note_ends(consumer)
+                    except KafkaError as error:  # an outage is the poll's to log
+                        log.debug("end offsets not refreshed: %s", error)
 
     def _set_aside(self, partition: int, message: Any, reason: str) -> None:
         if len(reason) > MAX_REASON_CHARS:  # it travels in a header: keep it small
@@ -464,7 +538,7 @@ class KafkaSource:
             limit = self._dead_letter_topic_limit()
             self._dead_letter_payload_bytes = max(0, limit - RECORD_OVERHEAD_BYTES)
             self._producer = KafkaProducer(
-                **self.settings.client_config(), acks="all", max_request_size=limit
+                **self.settings.producer_config(acks="all", max_request_size=limit)
             )
         sent = letter.truncated_to(self._dead_letter_payload_bytes)
         while True:

@@ -12,11 +12,27 @@ given by the caller outlives the broker: start it again on the same home and
 every topic, record and committed offset is still there. Without one, a
 temporary home is made and removed on stop.
 
+With ``sasl_users`` (``--sasl-user NAME:PASSWORD``) the node also listens
+for SASL_PLAINTEXT clients, with PLAIN, SCRAM-SHA-256 and SCRAM-SHA-512 for
+those users (the SCRAM credentials are stored when its log directory is
+formatted, so a home keeps the users of its first start).
+
 Run it on its own::
 
     python -m features.kafka.broker --home out/kafka --topic events:6
 
-It prints the bootstrap address and runs until Ctrl-C.
+It prints the bootstrap address (and the SASL one) and runs until Ctrl-C.
+Flags:
+
+- ``--home DIR``: the broker's folder, kept with its data (default: a
+  temporary one, removed on stop).
+- ``--port PORT``: the client port (default: a free one).
+- ``--topic NAME[:PARTITIONS]``: create this topic once it is up (repeatable).
+- ``--sasl-user NAME:PASSWORD``: a SASL user (repeatable); adds the
+  SASL_PLAINTEXT listener.
+- ``--log FILE``: the broker's log (default: ``broker.log`` in its home).
+
+Missing Java or jars are one line on stderr and exit status 2.
 """
 
 from __future__ import annotations
@@ -36,11 +52,12 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Final, TextIO
 
+from features.cli import CommandError, CommandParser, run_command
 from features.kafka.settings import MAX_MESSAGE_BYTES, KafkaSettings
 from features.kafka.topics import ensure_topics
 
@@ -53,6 +70,10 @@ DEFAULT_HEAP: Final = "512m"
 NODE_ID: Final = 1
 _PR_SET_PDEATHSIG: Final = 1
 _ADDRESS_IN_USE_HINTS: Final = ("address already in use", "bindexception")
+SASL_LISTENER_MECHANISMS: Final = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+# Characters a SASL user name or password may not hold: they would need
+# escaping in server.properties, the JAAS text and the SCRAM argument at once.
+_SASL_FORBIDDEN: Final = frozenset('"\\,=[]')
 
 # What the embedded node needs beyond Kafka's defaults. One node: every
 # internal topic has one replica. Tests join many groups, so the first join
@@ -129,7 +150,8 @@ def java_binary() -> str:
     found = shutil.which("java")
     if found is None:
         raise BrokerStartError(
-            "no java on PATH: the embedded Kafka broker needs Java 17 or newer"
+            "no java on PATH: the embedded Kafka broker needs Java 17 or newer; "
+            "install a JDK or set JAVA_HOME"
         )
     return found
 
@@ -197,6 +219,9 @@ class EmbeddedKafka:
             ``home/broker.log``.
         start_timeout: seconds to wait for the broker to answer.
         heap: the JVM's maximum heap (``-Xmx``).
+        sasl_users: name → password of SASL users; when given, the node also
+            listens for SASL_PLAINTEXT (:attr:`sasl_bootstrap`) with
+            :data:`SASL_LISTENER_MECHANISMS`.
 
     Example::
 
@@ -213,7 +238,16 @@ class EmbeddedKafka:
         log_path: Path | None = None,
         start_timeout: float = 60.0,
         heap: str = DEFAULT_HEAP,
+        sasl_users: Mapping[str, str] | None = None,
     ) -> None:
+        for text in (*(sasl_users or {}), *(sasl_users or {}).values()):
+            if not text or _SASL_FORBIDDEN & set(text) or text != text.strip():
+                raise ValueError(
+                    f"SASL user names and passwords must be non-empty, without "
+                    f"blanks at the ends or any of {''.join(sorted(_SASL_FORBIDDEN))}"
+                )
+        self._sasl_users = dict(sasl_users or {})
+        self.sasl_port: int | None = None
         self._requested_port = port
         self._home = home
         self._own_home = home is None
@@ -231,6 +265,13 @@ class EmbeddedKafka:
         if self.port is None or self._process is None:
             raise RuntimeError("the embedded broker is not running")
         return f"{LOOPBACK}:{self.port}"
+
+    @property
+    def sasl_bootstrap(self) -> str:
+        """``127.0.0.1:PORT`` of the SASL_PLAINTEXT listener."""
+        if self.sasl_port is None or self._process is None:
+            raise RuntimeError("the embedded broker has no SASL listener running")
+        return f"{LOOPBACK}:{self.sasl_port}"
 
     @property
     def settings(self) -> KafkaSettings:
@@ -267,6 +308,9 @@ class EmbeddedKafka:
         """
         if self._process is not None:
             return self.bootstrap
+        # Missing Java or jars fail here, before a home is made.
+        java_binary()
+        kafka_libs()
         requested = self._requested_port or self.port
         attempts = 1 if requested is not None else 3
         for attempt in range(attempts):
@@ -289,21 +333,52 @@ class EmbeddedKafka:
         home = self._home
         data = home / "data"
         data.mkdir(parents=True, exist_ok=True)
+        client_listeners = [f"PLAINTEXT://{LOOPBACK}:{port}"]
+        if self._sasl_users:
+            if self.sasl_port is None:
+                self.sasl_port = free_loopback_port()
+            client_listeners.append(f"SASL_PLAINTEXT://{LOOPBACK}:{self.sasl_port}")
         config = {
             **_BROKER_CONFIG,
             # A static voter set: the controller's port may change between
             # starts on the same data (only the client port is kept).
             "controller.quorum.voters": f"{NODE_ID}@{LOOPBACK}:{controller_port}",
-            "listeners": (
-                f"PLAINTEXT://{LOOPBACK}:{port},CONTROLLER://{LOOPBACK}:{controller_port}"
+            "listeners": ",".join(
+                [*client_listeners, f"CONTROLLER://{LOOPBACK}:{controller_port}"]
             ),
-            "advertised.listeners": f"PLAINTEXT://{LOOPBACK}:{port}",
+            "advertised.listeners": ",".join(client_listeners),
             "log.dirs": str(data),
+            **self._sasl_config(),
         }
         lines = [f"{key}={value}" for key, value in config.items()]
         (home / "server.properties").write_text("\n".join(lines) + "\n")
         (home / "log4j2.properties").write_text(_LOG4J_CONFIG)
         return home
+
+    def _sasl_config(self) -> dict[str, str]:
+        """The SASL_PLAINTEXT listener's settings: PLAIN checks the users
+        listed in its JAAS text, SCRAM the credentials stored at format."""
+        if not self._sasl_users:
+            return {}
+        users = " ".join(
+            f'user_{name}="{password}"' for name, password in self._sasl_users.items()
+        )
+        listener = "listener.name.sasl_plaintext"
+        config = {
+            "listener.security.protocol.map": (
+                "PLAINTEXT:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT,CONTROLLER:PLAINTEXT"
+            ),
+            "sasl.enabled.mechanisms": ",".join(SASL_LISTENER_MECHANISMS),
+            f"{listener}.plain.sasl.jaas.config": (
+                "org.apache.kafka.common.security.plain.PlainLoginModule "
+                f"required {users};"
+            ),
+        }
+        for mechanism in SASL_LISTENER_MECHANISMS[1:]:
+            config[f"{listener}.{mechanism.lower()}.sasl.jaas.config"] = (
+                "org.apache.kafka.common.security.scram.ScramLoginModule required;"
+            )
+        return config
 
     def _java_command(self, main: str, *args: str) -> list[str]:
         assert self._home is not None
@@ -326,6 +401,15 @@ class EmbeddedKafka:
         """Format ``home/data`` for KRaft unless an earlier start did."""
         if (home / "data" / "meta.properties").exists():
             return
+        scram = [
+            argument
+            for mechanism in SASL_LISTENER_MECHANISMS[1:]
+            for name, password in self._sasl_users.items()
+            for argument in (
+                "--add-scram",
+                f"{mechanism}=[name={name},password={password}]",
+            )
+        ]
         command = self._java_command(
             "kafka.tools.StorageTool",
             "format",
@@ -333,6 +417,7 @@ class EmbeddedKafka:
             random_cluster_id(),
             "--config",
             str(home / "server.properties"),
+            *scram,
         )
         done = subprocess.run(
             command, capture_output=True, text=True, stdin=subprocess.DEVNULL
@@ -487,22 +572,33 @@ def _parse_topic(spec: str) -> tuple[str, int]:
     if not name:
         raise argparse.ArgumentTypeError(f"expected NAME[:PARTITIONS], got {spec!r}")
     try:
-        return name, int(partitions or 1)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(f"bad partition count in {spec!r}") from error
+        count = int(partitions or 1)
+    except ValueError:
+        count = 0
+    if count < 1:
+        raise argparse.ArgumentTypeError(
+            f"bad partition count in {spec!r}: expected a positive integer"
+        )
+    return name, count
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the embedded broker in the foreground until Ctrl-C or SIGTERM."""
-    parser = argparse.ArgumentParser(
-        prog="python -m features.kafka.broker",
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+def _parse_sasl_user(spec: str) -> tuple[str, str]:
+    name, sep, password = spec.partition(":")
+    if not sep or not name or not password:
+        raise argparse.ArgumentTypeError(f"expected NAME:PASSWORD, got {spec!r}")
+    return name, password
+
+
+def build_parser() -> CommandParser:
+    """The flags of ``python -m features.kafka.broker``."""
+    parser = CommandParser("features.kafka.broker", __doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--port", type=int, help="client port (default: a free one on loopback)"
     )
-    parser.add_argument("--port", type=int, help="client port (default: a free one)")
     parser.add_argument(
         "--home",
         type=Path,
+        metavar="DIR",
         help="the broker's folder, kept with its data (default: a temporary one)",
     )
     parser.add_argument(
@@ -511,14 +607,29 @@ def main(argv: list[str] | None = None) -> int:
         type=_parse_topic,
         default=[],
         metavar="NAME[:PARTITIONS]",
-        help="create this topic once the broker is up (repeatable)",
+        help="create this topic once the broker is up (repeatable; 1 partition "
+        "unless given)",
     )
-    parser.add_argument("--log", type=Path, help="broker log file (default: in home)")
-    args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s"
+    parser.add_argument(
+        "--sasl-user",
+        action="append",
+        type=_parse_sasl_user,
+        default=[],
+        metavar="NAME:PASSWORD",
+        help="a SASL user (repeatable): adds a SASL_PLAINTEXT listener with "
+        + ", ".join(SASL_LISTENER_MECHANISMS),
     )
+    parser.add_argument(
+        "--log",
+        type=Path,
+        metavar="FILE",
+        help="broker log file (default: broker.log in its home)",
+    )
+    return parser
 
+
+def serve(args: argparse.Namespace) -> int:
+    """Run the embedded broker in the foreground until Ctrl-C or SIGTERM."""
     stop = False
 
     def request_stop(signum: int, _frame: object) -> None:
@@ -527,20 +638,39 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, request_stop)
     try:
-        with EmbeddedKafka(port=args.port, home=args.home, log_path=args.log) as broker:
+        broker = EmbeddedKafka(
+            port=args.port,
+            home=args.home,
+            log_path=args.log,
+            sasl_users=dict(args.sasl_user),
+        )
+    except ValueError as error:
+        raise CommandError(f"--sasl-user: {error}") from error
+    try:
+        with broker:
             if args.topic:
                 broker.create_topics(dict(args.topic))
             print(f"Kafka broker ready: {broker.bootstrap} (log: {broker.log_path})")
+            if args.sasl_user:
+                print(
+                    f"SASL_PLAINTEXT listener: {broker.sasl_bootstrap} "
+                    f"({', '.join(SASL_LISTENER_MECHANISMS)})"
+                )
             print("Stop with Ctrl-C.", flush=True)
             while not stop:
                 time.sleep(0.2)
     except BrokerStartError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
+        # The first line names the cause and the log; the log has the rest.
+        raise CommandError(str(error).splitlines()[0]) from error
     except KeyboardInterrupt:
         pass
     print("Kafka broker stopped.")
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; returns the exit status."""
+    return run_command(build_parser(), serve, argv)
 
 
 if __name__ == "__main__":

@@ -1,10 +1,30 @@
 """How every process of the system talks to Kafka.
 
-One :class:`KafkaSettings` carries the bootstrap servers and the security
-options of a cluster; :func:`add_kafka_arguments` gives every CLI the same
-flags, and :meth:`KafkaSettings.client_config` turns them into kafka-python
-keyword arguments. With no ``--kafka-bootstrap`` the tools start the embedded
-broker (:mod:`features.kafka.broker`); with one they use that cluster as is.
+One :class:`KafkaSettings` carries the bootstrap servers, the security options
+and any further client properties of a cluster; :func:`add_kafka_arguments`
+gives every CLI the same flags, and :meth:`KafkaSettings.consumer_config`,
+:meth:`~KafkaSettings.producer_config` and :meth:`~KafkaSettings.admin_config`
+turn them into the keyword arguments of that kafka-python client. With no
+bootstrap address the tools start the embedded broker
+(:mod:`features.kafka.broker`); with one they use that cluster as is.
+
+The flags, as Kafka users write client settings:
+
+- ``--kafka-config client.properties``: a Java-style properties file, as
+  Kafka's own tools read with ``--command-config`` (``key=value`` lines,
+  ``#``/``!`` comments), by Kafka's property names.
+- ``--kafka-option session.timeout.ms=45000`` (repeatable): one property.
+- ``--kafka-bootstrap``, ``--kafka-security-protocol``, ``--kafka-sasl-*``,
+  ``--kafka-ssl-*``: the connection and security settings by flag.
+
+Later wins: the file, then ``--kafka-option``, then the other ``--kafka-*``
+flags (and ``KAFKA_SASL_PASSWORD`` for ``--kafka-sasl-password``). Each client
+kind gets the properties it has (``session.timeout.ms`` reaches consumers
+only); a property no client knows is an error naming the closest known one
+(:mod:`features.kafka.client_properties` has the mapping). SASL works with
+PLAIN and SCRAM-SHA-256/512, a username and a password (``sasl.jaas.config``
+with Kafka's ``PlainLoginModule`` or ``ScramLoginModule`` gives both);
+kafka-python reads PEM files only (``ssl.truststore.type=PEM``).
 
 The group session timeout is Kafka's smallest default allowance (the broker's
 ``group.min.session.timeout.ms``) rather than kafka-python's 45 s: a consumer
@@ -19,11 +39,18 @@ import dataclasses
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Final
 
+from features.cli import CommandError
+from features.kafka import client_properties
+
 SECURITY_PROTOCOLS: Final = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
-SASL_MECHANISMS: Final = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER")
+# The mechanisms kafka-python completes with a username and a password; the
+# others need objects (OAUTHBEARER's token provider) or Kerberos.
+SASL_MECHANISMS: Final = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 PASSWORD_ENV: Final = "KAFKA_SASL_PASSWORD"
+SSL_PASSWORD_ENV: Final = "KAFKA_SSL_KEY_PASSWORD"
 
 # Consumer-group timing (see the module docstring).
 GROUP_SESSION_TIMEOUT_MS: Final = 6000
@@ -35,27 +62,64 @@ RECONNECT_BACKOFF_MAX_MS: Final = 1000
 # timeline segments); topics it creates allow it (``max.message.bytes``).
 MAX_MESSAGE_BYTES: Final = 64 * 1024 * 1024
 
+# Properties that are KafkaSettings fields, by Kafka's name (and kafka-python's
+# spelling where Kafka has none).
+_FIELD_PROPERTIES: Final = {
+    "security.protocol": "security_protocol",
+    "sasl.mechanism": "sasl_mechanism",
+    "sasl.plain.username": "sasl_username",
+    "sasl.plain.password": "sasl_password",
+    "ssl.cafile": "ssl_cafile",
+    "ssl.certfile": "ssl_certfile",
+    "ssl.keyfile": "ssl_keyfile",
+    "ssl.key.password": "ssl_password",
+    "ssl.password": "ssl_password",
+}
+_FIELD_INTEGER_PROPERTIES: Final = {
+    "session.timeout.ms": "session_timeout_ms",
+    "heartbeat.interval.ms": "heartbeat_interval_ms",
+}
+# Read together with others below rather than one to one.
+_COMPOSITE_PROPERTIES: Final = (
+    "bootstrap.servers",
+    "sasl.jaas.config",
+    "ssl.truststore.location",
+    "ssl.truststore.type",
+    "ssl.keystore.location",
+    "ssl.keystore.type",
+)
+FIELD_PROPERTY_NAMES: Final = frozenset(
+    {*_FIELD_PROPERTIES, *_FIELD_INTEGER_PROPERTIES, *_COMPOSITE_PROPERTIES}
+)
+
 
 @dataclass(frozen=True, kw_only=True)
 class KafkaSettings:
-    """Where the cluster is and how to authenticate.
+    """Where the cluster is, how to authenticate, and further client properties.
 
     Args:
         bootstrap: ``host:port[,host:port...]``; None means "start the embedded
             broker".
         security_protocol: one of :data:`SECURITY_PROTOCOLS`.
-        sasl_mechanism: SASL mechanism when the protocol is SASL_*.
+        sasl_mechanism: one of :data:`SASL_MECHANISMS`, when the protocol is
+            SASL_*.
         sasl_username: SASL user.
-        sasl_password: SASL password (``--kafka-sasl-password`` or the
+        sasl_password: SASL password (``--kafka-sasl-password``, the
             ``KAFKA_SASL_PASSWORD`` environment variable, which keeps it out of
-            the process list).
-        ssl_cafile: CA bundle to verify the brokers.
-        ssl_certfile: client certificate (mutual TLS).
-        ssl_keyfile: client key (mutual TLS).
-        extra: any other kafka-python client option, passed through as is
-            (``--kafka-option request_timeout_ms=60000``).
+            the process list, or ``sasl.jaas.config``).
+        ssl_cafile: CA bundle (PEM) to verify the brokers.
+        ssl_certfile: client certificate (PEM, mutual TLS).
+        ssl_keyfile: client key (PEM, mutual TLS).
+        ssl_password: password of the client key (``ssl.key.password``).
+        properties: further client properties by Kafka name, as written
+            (``{"request.timeout.ms": "60000"}``); each client kind gets the
+            ones it has.
         session_timeout_ms: consumer-group session timeout.
         heartbeat_interval_ms: consumer-group heartbeat interval.
+
+    Raises:
+        ValueError: an unknown protocol or mechanism, SASL without a username
+            and password, or a property no client knows.
     """
 
     bootstrap: str | None = None
@@ -66,7 +130,8 @@ class KafkaSettings:
     ssl_cafile: str | None = None
     ssl_certfile: str | None = None
     ssl_keyfile: str | None = None
-    extra: Mapping[str, Any] = field(default_factory=dict)
+    ssl_password: str | None = field(default=None, repr=False)
+    properties: Mapping[str, str] = field(default_factory=dict)
     session_timeout_ms: int = GROUP_SESSION_TIMEOUT_MS
     heartbeat_interval_ms: int = GROUP_HEARTBEAT_INTERVAL_MS
 
@@ -76,9 +141,29 @@ class KafkaSettings:
                 f"unknown Kafka security protocol {self.security_protocol!r}; "
                 f"expected one of {', '.join(SECURITY_PROTOCOLS)}"
             )
-        if self.security_protocol.startswith("SASL") and not self.sasl_mechanism:
+        if self.sasl_mechanism is not None:
+            _check_mechanism(self.sasl_mechanism)
+        if self.security_protocol.startswith("SASL"):
+            if not self.sasl_mechanism:
+                raise ValueError(
+                    f"security protocol {self.security_protocol} needs a SASL "
+                    f"mechanism ({', '.join(SASL_MECHANISMS)})"
+                )
+            if not self.sasl_username or self.sasl_password is None:
+                raise ValueError(
+                    f"SASL {self.sasl_mechanism} needs a username and a password "
+                    f"(--kafka-sasl-username with {PASSWORD_ENV}, or "
+                    "sasl.jaas.config)"
+                )
+        owned = sorted(FIELD_PROPERTY_NAMES & set(self.properties))
+        if owned:
             raise ValueError(
-                f"security protocol {self.security_protocol} needs a SASL mechanism"
+                f"Kafka property {owned[0]} is a KafkaSettings field; "
+                "use KafkaSettings.from_properties"
+            )
+        if self.properties:
+            client_properties.check_properties(
+                self.properties, extra=FIELD_PROPERTY_NAMES
             )
 
     @property
@@ -91,11 +176,44 @@ class KafkaSettings:
         return dataclasses.replace(self, bootstrap=bootstrap)
 
     def client_config(self) -> dict[str, Any]:
-        """Keyword arguments common to kafka-python's producer, consumer and admin.
+        """Keyword arguments every kafka-python client kind takes: the
+        connection, security, and the properties all three kinds have.
 
         Raises:
             ValueError: when no bootstrap address is set yet.
         """
+        config = self._connection_config()
+        config.update(client_properties.shared_keywords(self.properties))
+        return config
+
+    def consumer_config(self, **overrides: Any) -> dict[str, Any]:
+        """``KafkaConsumer`` keyword arguments: the connection, the group
+        timing above, the consumer's properties, then ``overrides`` (what the
+        command itself needs, such as its group id)."""
+        config = self._connection_config()
+        config["session_timeout_ms"] = self.session_timeout_ms
+        config["heartbeat_interval_ms"] = self.heartbeat_interval_ms
+        config.update(client_properties.client_keywords(self.properties, "consumer"))
+        config.update(overrides)
+        return config
+
+    def producer_config(self, **overrides: Any) -> dict[str, Any]:
+        """``KafkaProducer`` keyword arguments: the connection, the producer's
+        properties, then ``overrides``."""
+        config = self._connection_config()
+        config.update(client_properties.client_keywords(self.properties, "producer"))
+        config.update(overrides)
+        return config
+
+    def admin_config(self, **overrides: Any) -> dict[str, Any]:
+        """``KafkaAdminClient`` keyword arguments: the connection, the admin
+        client's properties, then ``overrides``."""
+        config = self._connection_config()
+        config.update(client_properties.client_keywords(self.properties, "admin"))
+        config.update(overrides)
+        return config
+
+    def _connection_config(self) -> dict[str, Any]:
         if self.bootstrap is None:
             raise ValueError("no Kafka bootstrap address: start a broker first")
         config: dict[str, Any] = {
@@ -110,24 +228,17 @@ class KafkaSettings:
             "ssl_cafile": self.ssl_cafile,
             "ssl_certfile": self.ssl_certfile,
             "ssl_keyfile": self.ssl_keyfile,
+            "ssl_password": self.ssl_password,
         }
         config.update({k: v for k, v in optional.items() if v is not None})
-        config.update(self.extra)
-        return config
-
-    def consumer_config(self, **overrides: Any) -> dict[str, Any]:
-        """Consumer keyword arguments with the group timing above."""
-        config = self.client_config()
-        config.setdefault("session_timeout_ms", self.session_timeout_ms)
-        config.setdefault("heartbeat_interval_ms", self.heartbeat_interval_ms)
-        config.update(overrides)
         return config
 
     def to_args(self) -> list[str]:
         """The flags :func:`add_kafka_arguments` parses back into these settings.
 
-        The SASL password is left out: pass it to the child process through
-        ``KAFKA_SASL_PASSWORD`` (see :meth:`child_env`), not its command line.
+        The passwords are left out: pass them to the child process through
+        ``KAFKA_SASL_PASSWORD`` and ``KAFKA_SSL_KEY_PASSWORD`` (see
+        :meth:`child_env`), not its command line.
         """
         if self.bootstrap is None:
             raise ValueError("no Kafka bootstrap address: start a broker first")
@@ -143,47 +254,163 @@ class KafkaSettings:
             "--kafka-ssl-keyfile": self.ssl_keyfile,
         }
         args += [f"{flag}={value}" for flag, value in optional.items() if value]
-        args += [f"--kafka-option={k}={v}" for k, v in self.extra.items()]
+        timing = {
+            "session.timeout.ms": (self.session_timeout_ms, GROUP_SESSION_TIMEOUT_MS),
+            "heartbeat.interval.ms": (
+                self.heartbeat_interval_ms,
+                GROUP_HEARTBEAT_INTERVAL_MS,
+            ),
+        }
+        args += [
+            f"--kafka-option={name}={value}"
+            for name, (value, default) in timing.items()
+            if value != default
+        ]
+        args += [f"--kafka-option={k}={v}" for k, v in self.properties.items()]
         return args
 
     def child_env(self) -> dict[str, str]:
-        """Environment for a child process given :meth:`to_args` (the password)."""
+        """Environment for a child process given :meth:`to_args` (the passwords)."""
         env = dict(os.environ)
         if self.sasl_password is not None:
             env[PASSWORD_ENV] = self.sasl_password
+        if self.ssl_password is not None:
+            env[SSL_PASSWORD_ENV] = self.ssl_password
         return env
 
     @classmethod
+    def from_properties(
+        cls, properties: Mapping[str, str], **fields: Any
+    ) -> KafkaSettings:
+        """Settings from Kafka client properties (a ``client.properties``'s
+        content); ``fields`` override what the properties say.
+
+        Raises:
+            ValueError: one line, naming the property.
+        """
+        return cls(**{**_fields_from_properties(properties), **fields})
+
+    @classmethod
     def from_args(cls, args: argparse.Namespace) -> KafkaSettings:
-        """Settings from the flags :func:`add_kafka_arguments` defined."""
-        extra: dict[str, Any] = {}
-        for item in args.kafka_option or ():
-            key, sep, value = item.partition("=")
-            if not sep or not key:
-                raise ValueError(f"--kafka-option expects KEY=VALUE, got {item!r}")
-            extra[key] = _parse_option_value(value)
-        return cls(
-            bootstrap=args.kafka_bootstrap,
-            security_protocol=args.kafka_security_protocol,
-            sasl_mechanism=args.kafka_sasl_mechanism,
-            sasl_username=args.kafka_sasl_username,
-            sasl_password=args.kafka_sasl_password or os.environ.get(PASSWORD_ENV),
-            ssl_cafile=args.kafka_ssl_cafile,
-            ssl_certfile=args.kafka_ssl_certfile,
-            ssl_keyfile=args.kafka_ssl_keyfile,
-            extra=extra,
-        )
+        """Settings from the flags :func:`add_kafka_arguments` defined.
+
+        Raises:
+            CommandError: a property no client knows, an unreadable value, or
+                settings that do not fit together (one line).
+            FileNotFoundError: no such ``--kafka-config`` file.
+        """
+        try:
+            properties: dict[str, str] = {}
+            config_file = getattr(args, "kafka_config", None)
+            if config_file:
+                from_file = client_properties.read_properties_file(Path(config_file))
+                _check_names(from_file, f"--kafka-config {config_file}")
+                properties.update(from_file)
+            options = _parse_options(getattr(args, "kafka_option", None) or ())
+            _check_names(options, "--kafka-option")
+            properties.update(options)
+            fields = _fields_from_properties(properties)
+            explicit = {
+                "bootstrap": getattr(args, "kafka_bootstrap", None),
+                "security_protocol": getattr(args, "kafka_security_protocol", None),
+                "sasl_mechanism": getattr(args, "kafka_sasl_mechanism", None),
+                "sasl_username": getattr(args, "kafka_sasl_username", None),
+                "sasl_password": getattr(args, "kafka_sasl_password", None)
+                or os.environ.get(PASSWORD_ENV),
+                "ssl_cafile": getattr(args, "kafka_ssl_cafile", None),
+                "ssl_certfile": getattr(args, "kafka_ssl_certfile", None),
+                "ssl_keyfile": getattr(args, "kafka_ssl_keyfile", None),
+                "ssl_password": os.environ.get(SSL_PASSWORD_ENV),
+            }
+            fields.update({k: v for k, v in explicit.items() if v is not None})
+            return cls(**fields)
+        except ValueError as error:
+            raise CommandError(str(error)) from error
 
 
-def _parse_option_value(value: str) -> Any:
-    """``"60000"`` → 60000, ``"true"`` → True; anything else stays a string."""
-    lowered = value.lower()
-    if lowered in ("true", "false"):
-        return lowered == "true"
-    try:
-        return int(value)
-    except ValueError:
-        return value
+def _check_mechanism(mechanism: str) -> None:
+    if mechanism in SASL_MECHANISMS:
+        return
+    why = {
+        "OAUTHBEARER": "it needs a token provider object, which no flag or "
+        "property can give",
+        "GSSAPI": "Kerberos is not set up for kafka-python here",
+    }.get(mechanism, "kafka-python has no such mechanism")
+    raise ValueError(
+        f"SASL mechanism {mechanism} is not offered ({why}); "
+        f"use one of {', '.join(SASL_MECHANISMS)}"
+    )
+
+
+def _parse_options(items: Any) -> dict[str, str]:
+    """``["session.timeout.ms=45000"]`` → ``{"session.timeout.ms": "45000"}``."""
+    options: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--kafka-option expects KEY=VALUE, got {item!r}")
+        options[key.strip()] = value.strip()
+    return options
+
+
+def _check_names(properties: Mapping[str, str], source: str) -> None:
+    """Every property of ``source`` is known (field ones are read below)."""
+    for name, value in properties.items():
+        if name in FIELD_PROPERTY_NAMES:
+            continue
+        try:
+            client_properties.check_property(name, value, extra=FIELD_PROPERTY_NAMES)
+        except ValueError as error:
+            raise ValueError(f"{source}: {error}") from None
+
+
+def _fields_from_properties(properties: Mapping[str, str]) -> dict[str, Any]:
+    """KafkaSettings keyword arguments: the field properties read into
+    fields, the rest kept as ``properties``."""
+    rest = dict(properties)
+    fields: dict[str, Any] = {}
+    servers = rest.pop("bootstrap.servers", None)
+    if servers is not None:
+        addresses = [part.strip() for part in servers.split(",") if part.strip()]
+        if not addresses:
+            raise ValueError("bootstrap.servers is empty")
+        fields["bootstrap"] = ",".join(addresses)
+    for name, field_name in _FIELD_PROPERTIES.items():
+        if name in rest:
+            fields[field_name] = rest.pop(name).strip()
+    for name, field_name in _FIELD_INTEGER_PROPERTIES.items():
+        if name in rest:
+            fields[field_name] = client_properties.parse_value(
+                name, name.replace(".", "_"), rest.pop(name)
+            )
+    jaas = rest.pop("sasl.jaas.config", None)
+    if jaas is not None:
+        mechanisms, username, password = client_properties.jaas_login(jaas)
+        mechanism = fields.get("sasl_mechanism")
+        if mechanism is not None and mechanism not in mechanisms:
+            raise ValueError(
+                f"sasl.jaas.config's login module is for {'/'.join(mechanisms)}, "
+                f"not sasl.mechanism={mechanism}"
+            )
+        fields["sasl_username"] = username
+        fields["sasl_password"] = password
+    for store, field_name in (
+        ("truststore", "ssl_cafile"),
+        ("keystore", "ssl_certfile"),
+    ):
+        location = rest.pop(f"ssl.{store}.location", None)
+        kind = rest.pop(f"ssl.{store}.type", "JKS").strip().upper()
+        if location is None:
+            continue
+        if kind != "PEM":
+            raise ValueError(
+                f"ssl.{store}.location: kafka-python cannot read a {kind} store "
+                f"(ssl.{store}.type, JKS unless set); convert it to PEM and set "
+                f"ssl.{store}.type=PEM"
+            )
+        fields[field_name] = location.strip()
+    fields["properties"] = rest
+    return fields
 
 
 def add_kafka_arguments(parser: argparse.ArgumentParser) -> None:
@@ -196,25 +423,60 @@ def add_kafka_arguments(parser: argparse.ArgumentParser) -> None:
         True
     """
     group = parser.add_argument_group(
-        "Kafka", "Without --kafka-bootstrap the embedded broker is started."
+        "Kafka",
+        "Without a bootstrap address (--kafka-bootstrap, or bootstrap.servers "
+        "in --kafka-config or --kafka-option) the embedded broker is started. "
+        "Later wins: --kafka-config, then --kafka-option, then the other "
+        "Kafka flags.",
     )
     group.add_argument(
-        "--kafka-bootstrap", metavar="HOST:PORT[,HOST:PORT]", help="Kafka cluster"
+        "--kafka-bootstrap",
+        metavar="HOST:PORT[,HOST:PORT]",
+        help="the Kafka cluster (bootstrap.servers)",
     )
     group.add_argument(
-        "--kafka-security-protocol", default="PLAINTEXT", choices=SECURITY_PROTOCOLS
+        "--kafka-config",
+        metavar="FILE",
+        help="a Kafka client properties file, as Kafka's own tools take it "
+        "(key=value lines, Kafka's property names)",
     )
-    group.add_argument("--kafka-sasl-mechanism", choices=SASL_MECHANISMS)
-    group.add_argument("--kafka-sasl-username")
-    group.add_argument(
-        "--kafka-sasl-password", help=f"prefer the {PASSWORD_ENV} environment variable"
-    )
-    group.add_argument("--kafka-ssl-cafile")
-    group.add_argument("--kafka-ssl-certfile")
-    group.add_argument("--kafka-ssl-keyfile")
     group.add_argument(
         "--kafka-option",
         action="append",
-        metavar="KEY=VALUE",
-        help="any other kafka-python client option (repeatable)",
+        metavar="NAME=VALUE",
+        help="one Kafka client property by Kafka's name, e.g. "
+        "session.timeout.ms=45000 (repeatable; overrides --kafka-config)",
+    )
+    group.add_argument(
+        "--kafka-security-protocol",
+        choices=SECURITY_PROTOCOLS,
+        help="security.protocol (default: PLAINTEXT)",
+    )
+    group.add_argument(
+        "--kafka-sasl-mechanism",
+        choices=SASL_MECHANISMS,
+        help="sasl.mechanism, for the SASL_* protocols",
+    )
+    group.add_argument(
+        "--kafka-sasl-username",
+        metavar="NAME",
+        help="SASL username (with the password below)",
+    )
+    group.add_argument(
+        "--kafka-sasl-password",
+        metavar="PASSWORD",
+        help=f"SASL password; prefer the {PASSWORD_ENV} environment variable",
+    )
+    group.add_argument(
+        "--kafka-ssl-cafile",
+        metavar="FILE",
+        help="PEM CA bundle that verifies the brokers",
+    )
+    group.add_argument(
+        "--kafka-ssl-certfile",
+        metavar="FILE",
+        help="PEM client certificate (mutual TLS)",
+    )
+    group.add_argument(
+        "--kafka-ssl-keyfile", metavar="FILE", help="PEM client key (mutual TLS)"
     )

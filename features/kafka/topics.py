@@ -45,7 +45,7 @@ def ensure_topics(
     from kafka import KafkaAdminClient, KafkaConsumer
     from kafka.errors import TopicAlreadyExistsError
 
-    admin = KafkaAdminClient(**settings.client_config())
+    admin = KafkaAdminClient(**settings.admin_config())
     try:
         existing = set(admin.list_topics())
         wanted = {
@@ -67,7 +67,9 @@ def ensure_topics(
 
     # Wait for the metadata, so a producer right after us sees every partition.
     # No group and no auto-commit: a metadata probe only.
-    probe = KafkaConsumer(**settings.client_config(), enable_auto_commit=False)
+    probe = KafkaConsumer(
+        **settings.consumer_config(group_id=None, enable_auto_commit=False)
+    )
     try:
         deadline = time.monotonic() + timeout
         for name, partitions in topics.items():
@@ -104,10 +106,12 @@ def topic_records(settings: KafkaSettings, topic: str) -> Iterator[Any]:
     from kafka import KafkaConsumer, TopicPartition
 
     consumer = KafkaConsumer(
-        **settings.client_config(),
-        enable_auto_commit=False,
-        max_partition_fetch_bytes=MAX_MESSAGE_BYTES,
-        fetch_max_bytes=2 * MAX_MESSAGE_BYTES,
+        **settings.consumer_config(
+            group_id=None,
+            enable_auto_commit=False,
+            max_partition_fetch_bytes=MAX_MESSAGE_BYTES,
+            fetch_max_bytes=2 * MAX_MESSAGE_BYTES,
+        )
     )
     try:
         partitions = consumer.partitions_for_topic(topic) or set()
@@ -129,7 +133,7 @@ def max_message_bytes(settings: KafkaSettings, topic: str) -> int:
     the broker's ``message.max.bytes``, else Kafka's default."""
     from kafka.admin import ConfigResource, ConfigResourceType, KafkaAdminClient
 
-    admin = KafkaAdminClient(**settings.client_config())
+    admin = KafkaAdminClient(**settings.admin_config())
     try:
         described: dict[str, Any] = admin.describe_configs(
             [ConfigResource(ConfigResourceType.TOPIC, topic)], config_filter="all"

@@ -3,7 +3,18 @@
 One module per job, each stage a composite ``PTransform`` named for what it
 produces:
 
-- :mod:`~pipelines.beam.options`: ``GemBuildOptions`` (the CLI flags);
+- :mod:`~pipelines.beam.job`: the batch job's pipeline (``run_batch``),
+  its outputs cleared and its summary written through Beam's filesystems;
+- :mod:`~pipelines.beam.flags`: the batch job's flags (no Beam import: the
+  command line checks them before Beam loads);
+  :mod:`~pipelines.beam.beam_flags`: the table of Beam's own options, cached
+  per Beam version, for the same check;
+- :mod:`~pipelines.beam.options`: ``GemBuildOptions`` (those flags as Beam
+  pipeline options);
+- :mod:`~pipelines.beam.tuning`: ``--worker-threads`` / ``--tune-allocator``
+  resolved for the runner, and ``TunedDoFn``, the base of the DoFns that
+  follow them;
+- :mod:`~pipelines.beam.progress`: the terminal's bar of event files read;
 - :mod:`~pipelines.beam.io`: ``ReadEvents``, ``ReadDimensions`` (and
   ``ReadDimension``), ``WriteExamples``, ``WriteTimelines``,
   ``WriteFeatureTables``, ``WriteDeadLetters``, the early input checks, and
@@ -28,7 +39,7 @@ produces:
 
 Elements are Arrow tables keyed by shard, processed whole with numpy /
 pyarrow; every shuffle carries Arrow IPC bytes. The kernels release the GIL,
-so a worker uses a second core: the heavy per-shard DoFns compute on a
-thread pool (``PooledDoFn``) and output files are written on a writer thread,
-both finished within the bundle.
+so a worker uses a second core: where the job runs in one local process the
+heavy per-shard DoFns compute on a thread pool (``PooledDoFn``), and output
+files are written on a writer thread, both finished within the bundle.
 """

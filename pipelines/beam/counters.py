@@ -51,6 +51,7 @@ from pipelines.beam.arrow import (
 )
 from pipelines.beam.kernels import WindowCounter
 from pipelines.beam.parallel import PooledDoFn
+from pipelines.beam.tuning import pipeline_tuning
 
 ENTITY_KINDS: Final = ("ad", "advertiser")
 EXAMPLE_COUNTERS = "example_counters"
@@ -285,15 +286,16 @@ class CountEngagement(beam.PTransform):  # type: ignore[misc]
 
     def expand(self, events: beam.PCollection) -> dict[str, beam.PCollection]:
         """User kind in place; ad and advertiser through a keyed aggregation."""
+        tuning = pipeline_tuning(events.pipeline)
         local = events | "CountUserShards" >> beam.ParDo(
-            CountUserShardFn(self._shards)
+            CountUserShardFn(self._shards).tuned(tuning)
         ).with_outputs(EXAMPLE_COUNTERS, FEATURE_ROWS, main="entity_rows")
         entity = (
             local.entity_rows
             | "TypeEntityRows" >> beam.Map(_same).with_output_types(ShardedIpc)
             | "GroupByEntityShard" >> beam.GroupByKey()
             | "CountEntityShards"
-            >> beam.ParDo(CountEntityShardFn(self._shards)).with_outputs(
+            >> beam.ParDo(CountEntityShardFn(self._shards).tuned(tuning)).with_outputs(
                 FEATURE_ROWS, main=EXAMPLE_COUNTERS
             )
         )

@@ -44,6 +44,7 @@ from pipelines.beam.arrow import (
 from pipelines.beam.counters import impression_mask
 from pipelines.beam.parallel import PooledDoFn
 from pipelines.beam.timelines import user_offsets
+from pipelines.beam.tuning import pipeline_tuning
 from pipelines.beam.validate import METRICS_NAMESPACE
 
 BASE = "base"
@@ -303,7 +304,7 @@ class BuildExamples(beam.PTransform):  # type: ignore[misc]
         """Bases per shard, then one keyed join with the counters."""
         # Side inputs by position: the DoFn's process also takes the window.
         bases = events | "Bases" >> beam.ParDo(
-            ExampleBasesFn(),
+            ExampleBasesFn().tuned(pipeline_tuning(events.pipeline)),
             beam.pvalue.AsSingleton(self._users),
             beam.pvalue.AsSingleton(self._ads),
         ).with_output_types(tuple[int, TaggedIpc])

@@ -8,17 +8,19 @@ and how their lines and rows are numbered, is :mod:`pipelines.event_files`,
 shared with the reference. A bad line or row is no read error: it is a dead
 letter (:mod:`pipelines.beam.validate`).
 
-Outputs are written through ``apache_beam.io.filesystems.FileSystems``, so the
-same code writes to a local disk, GCS or S3, from any runner. Every part file
-is named after its shard, which makes a retried bundle overwrite its own
-output instead of adding a second copy.
+Inputs are found, read and checked, and outputs written, through
+``apache_beam.io.filesystems.FileSystems``, so ``--input`` and ``--output``
+may be a local folder or a URL of any scheme Beam's filesystems know (GCS,
+S3, HDFS...), from any runner. Every part file is named after its shard,
+which makes a retried bundle overwrite its own output instead of adding a
+second copy.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Final
 
 import apache_beam as beam
@@ -50,18 +52,67 @@ from pipelines.beam.kernels import (
     timeline_order,
     write_parquet_bytes,
 )
-from pipelines.beam.memory import reuse_freed_memory
+from pipelines.beam.tuning import TunedDoFn, pipeline_tuning
 from pipelines.beam.validate import METRICS_NAMESPACE, RawEvents
 from pipelines.event_files import (
+    EVENT_SUFFIXES,
     PARQUET_BATCH_ROWS,
     InputFileError,
-    event_files,
     jsonl_payloads,
     row_payloads,
 )
 
 JSONL_BATCH_LINES: Final = 65_536
 DAY_MS: Final = 86_400_000
+
+
+def output_location(path: str) -> str:
+    """``--output`` as the job names it: a URL as given (without a trailing
+    slash), a local path absolute and normalized."""
+    if FileSystems.get_scheme(path) is None:
+        return str(Path(path).resolve())
+    return _served(path).rstrip("/")
+
+
+def input_location(path: str) -> str:
+    """``--input`` as the job names its files: a URL as given (without a
+    trailing slash), a local path as ``pathlib`` spells it, which is how
+    :func:`pipelines.event_files.event_files` (the reference's) names them."""
+    if FileSystems.get_scheme(path) is None:
+        return str(Path(path))
+    return _served(path).rstrip("/")
+
+
+def _served(url: str) -> str:
+    """``url``, once a Beam filesystem is known to serve its scheme."""
+    try:
+        FileSystems.get_filesystem(url)
+    except ValueError:
+        scheme = FileSystems.get_scheme(url)
+        raise InputFileError(
+            f"{url}: no Beam filesystem serves {scheme}://",
+            "install the Beam extra that provides it (apache-beam[gcp] for "
+            "gs://, apache-beam[aws] for s3://)",
+        ) from None
+    return url
+
+
+def find_event_files(input_dir: str, *, required: bool = True) -> list[str]:
+    """Event files under ``input_dir/events`` (any depth), sorted: the rule
+    of :func:`pipelines.event_files.event_files`, on any Beam filesystem."""
+    root = FileSystems.join(input_location(input_dir), "events")
+    found = FileSystems.match([FileSystems.join(root, "**")])[0].metadata_list
+    files = sorted(
+        meta.path for meta in found if PurePosixPath(meta.path).suffix in EVENT_SUFFIXES
+    )
+    # An events folder with no file is an empty input; none at all is an error
+    # (a store without folders has the folder exactly when it has files).
+    if not files and required and not FileSystems.exists(root):
+        raise InputFileError(
+            f"{root}: no events directory in --input {input_dir}",
+            "give --input the folder pipelines.generate or pipelines.movielens wrote",
+        )
+    return files
 
 
 def check_inputs(input_dir: str, *, events_required: bool = True) -> list[str]:
@@ -74,7 +125,7 @@ def check_inputs(input_dir: str, *, events_required: bool = True) -> list[str]:
     Returns:
         The event files.
     """
-    files = event_files(input_dir, required=events_required)
+    files = find_event_files(input_dir, required=events_required)
     for path in files:
         if path.endswith(".parquet"):
             names = _parquet_schema(path).names
@@ -83,30 +134,40 @@ def check_inputs(input_dir: str, *, events_required: bool = True) -> list[str]:
                 raise InputFileError(
                     f"{path}: not an events file, missing columns {missing}"
                 )
-    for name in ("users.parquet", "ads.parquet"):
-        path = str(Path(input_dir) / name)
-        if not Path(path).is_file():
-            raise InputFileError(f"{path}: missing dimension table")
+    for name in ("users", "ads"):
+        path = dimension_path(input_dir, name)
+        if not FileSystems.exists(path):
+            raise InputFileError(
+                f"{path}: missing dimension table",
+                "give --input the folder pipelines.generate or "
+                "pipelines.movielens wrote",
+            )
         _parquet_schema(path)
-    contents = Path(input_dir) / "contents.parquet"
-    if contents.is_file():
-        _parquet_schema(str(contents))
+    contents = dimension_path(input_dir, "contents")
+    if FileSystems.exists(contents):
+        _parquet_schema(contents)
     return files
+
+
+def dimension_path(input_dir: str, name: str) -> str:
+    """Where the dimension table ``name`` (users, ads, contents) is."""
+    return FileSystems.join(input_location(input_dir), f"{name}.parquet")
 
 
 def _parquet_schema(path: str) -> pa.Schema:
     try:
-        return pq.read_schema(path)
+        with FileSystems.open(path) as handle:
+            return pq.read_schema(handle)
     except (OSError, pa.ArrowException) as error:
         raise InputFileError(f"{path}: unreadable Parquet file ({error})") from error
 
 
-class ReadEventFileFn(beam.DoFn):  # type: ignore[misc]
+class ReadEventFileFn(TunedDoFn):
     """One event file in, :class:`RawEvents` batches out (bounded memory)."""
 
-    def setup(self) -> None:
-        """The worker process's memory settings (:mod:`pipelines.beam.memory`)."""
-        reuse_freed_memory()
+    def __init__(self) -> None:
+        # What the progress bar counts (pipelines.beam.progress).
+        self.files_read = Metrics.counter(METRICS_NAMESPACE, "event_files_read")
 
     def process(self, path: str) -> Iterator[RawEvents]:
         """Yield the file's events in batches; errors name the file."""
@@ -115,6 +176,7 @@ class ReadEventFileFn(beam.DoFn):  # type: ignore[misc]
                 yield from _jsonl_batches(path)
             else:
                 yield from _parquet_batches(path)
+            self.files_read.inc()
         except (OSError, pa.ArrowException, ValueError) as error:
             if isinstance(error, InputFileError):
                 raise
@@ -172,7 +234,10 @@ class ReadEvents(beam.PTransform):  # type: ignore[misc]
             # own would be a second one: more transforms, one more stage).
             | "ListFiles" >> beam.Create(self._files, reshuffle=False)
             | "SpreadFiles" >> beam.Reshuffle()
-            | "ReadFiles" >> beam.ParDo(ReadEventFileFn()).with_output_types(RawEvents)
+            | "ReadFiles"
+            >> beam.ParDo(
+                ReadEventFileFn().tuned(pipeline_tuning(pbegin.pipeline))
+            ).with_output_types(RawEvents)
         )
 
 
@@ -204,7 +269,7 @@ class ReadDimension(beam.PTransform):  # type: ignore[misc]
 
     def __init__(self, input_dir: str, name: str) -> None:
         super().__init__()
-        self._path = str(Path(input_dir) / f"{name}.parquet")
+        self._path = dimension_path(input_dir, name)
         self._schema = DIMENSION_SCHEMAS[name]
 
     def expand(self, pbegin: beam.pvalue.PBegin) -> beam.PCollection:
@@ -228,7 +293,7 @@ class ReadDimensionFn(beam.DoFn):  # type: ignore[misc]
 
     def process(self, name: str) -> Iterator[pvalue.TaggedOutput]:
         """Read ``<input>/<name>.parquet`` (empty when absent)."""
-        path = str(Path(self._input_dir) / f"{name}.parquet")
+        path = dimension_path(self._input_dir, name)
         yield pvalue.TaggedOutput(name, read_dimension(path, DIMENSION_SCHEMAS[name]))
 
 
@@ -288,7 +353,7 @@ class ParquetFileWriter:
             handle.write(memoryview(self._sink.getvalue()))
 
 
-class BackgroundWriteFn(beam.DoFn):  # type: ignore[misc]
+class BackgroundWriteFn(TunedDoFn):
     """Base of the DoFns that write files: writes run on a thread of the
     worker (:class:`~pipelines.beam.kernels.BackgroundWrites`) while the
     bundle goes on, and are complete when the bundle finishes (a retried
@@ -296,7 +361,7 @@ class BackgroundWriteFn(beam.DoFn):  # type: ignore[misc]
 
     def setup(self) -> None:
         """One writer thread per DoFn instance; the process's memory settings."""
-        reuse_freed_memory()
+        super().setup()
         self._writes = BackgroundWrites()
 
     def start_bundle(self) -> None:
@@ -379,7 +444,8 @@ class WriteExamples(beam.PTransform):  # type: ignore[misc]
 
     def expand(self, examples: beam.PCollection) -> beam.PCollection:
         """Write every shard; the output is the list of paths."""
-        return examples | "WriteParts" >> beam.ParDo(WriteExamplesFn(self._output))
+        write = WriteExamplesFn(self._output).tuned(pipeline_tuning(examples.pipeline))
+        return examples | "WriteParts" >> beam.ParDo(write)
 
 
 class WriteTimelines(beam.PTransform):  # type: ignore[misc]
@@ -391,7 +457,10 @@ class WriteTimelines(beam.PTransform):  # type: ignore[misc]
 
     def expand(self, timelines: beam.PCollection) -> beam.PCollection:
         """Write one part per shard."""
-        return timelines | "WriteParts" >> beam.ParDo(WriteTimelinesFn(self._output))
+        write = WriteTimelinesFn(self._output).tuned(
+            pipeline_tuning(timelines.pipeline)
+        )
+        return timelines | "WriteParts" >> beam.ParDo(write)
 
 
 class WriteTimelinesFn(BackgroundWriteFn):
@@ -447,7 +516,10 @@ class WriteFeatureTables(beam.PTransform):  # type: ignore[misc]
             (*inputs, empties)
             | "AllPieces" >> beam.Flatten().with_output_types(TaggedIpc)
             | "ByTable" >> beam.GroupByKey()
-            | "WriteTables" >> beam.ParDo(WriteFeatureTablesFn(output))
+            | "WriteTables"
+            >> beam.ParDo(
+                WriteFeatureTablesFn(output).tuned(pipeline_tuning(empties.pipeline))
+            )
         )
 
 

@@ -49,7 +49,7 @@ class ListPartitionsFn(beam.DoFn):  # type: ignore[misc]
         """Ask the cluster for the topic's partitions."""
         from kafka import KafkaConsumer
 
-        consumer = KafkaConsumer(**self._settings.client_config())
+        consumer = KafkaConsumer(**self._settings.consumer_config(group_id=None))
         try:
             partitions = consumer.partitions_for_topic(topic)
         finally:
@@ -184,7 +184,7 @@ class PublishShardFn(beam.DoFn):  # type: ignore[misc]
         from kafka import KafkaProducer
 
         self._producer = KafkaProducer(
-            **self._settings.client_config(), **PRODUCER_TUNING
+            **self._settings.producer_config(**PRODUCER_TUNING)
         )
 
     def process(self, element: tuple[int, Iterable[tuple[str, bytes]]]) -> None:

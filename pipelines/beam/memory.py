@@ -19,8 +19,11 @@ keep freed memory for reuse, which cut the system time to 1.1-1.3 s there
 
 Applied once per process, in the process that runs the work: the job's
 launcher (which is also the worker with an embedded runner) and every
-worker's ``DoFn.setup``. Explicit settings win: nothing changes for Arrow
-when ``ARROW_DEFAULT_MEMORY_POOL`` is set, nor for glibc when any
+worker's ``DoFn.setup``, where the job's tuning asks for it
+(``--tune-allocator``, on by default only where the job runs in one local
+process: :mod:`pipelines.beam.tuning`); the reference applies it always.
+Explicit settings win: nothing changes for Arrow when
+``ARROW_DEFAULT_MEMORY_POOL`` is set, nor for glibc when any
 ``MALLOC_*_`` variable is; nothing happens off glibc. No Beam import, so
 the reference uses it too.
 """

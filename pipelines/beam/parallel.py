@@ -16,6 +16,11 @@ this batch job runs), Beam metrics are updated on the bundle's thread
 (:meth:`PooledDoFn.emit`), and a bundle's elements are all emitted before it
 finishes. At most :attr:`PooledDoFn.max_pending` results wait at once, which
 bounds the memory held.
+
+The pool's size is the DoFn's :class:`~pipelines.beam.tuning.WorkerTuning`
+(``--worker-threads``): one thread where the job runs in one local process,
+none (work on the bundle's thread, same outputs in the same order) on
+runners that run several SDK workers per machine.
 """
 
 from __future__ import annotations
@@ -30,28 +35,28 @@ from apache_beam.transforms.window import GlobalWindow
 from apache_beam.utils.timestamp import MIN_TIMESTAMP
 from apache_beam.utils.windowed_value import WindowedValue
 
-from pipelines.beam.memory import reuse_freed_memory
+from pipelines.beam.tuning import TunedDoFn
 
 
-class PooledDoFn(beam.DoFn):  # type: ignore[misc]
+class PooledDoFn(TunedDoFn):
     """Base of DoFns whose work per element runs on a thread pool.
 
     Subclasses implement :meth:`compute` (thread-safe: no Beam calls, no
     shared mutable state) and may override :meth:`prepare` and :meth:`emit`
-    (both on the bundle's thread).
+    (both on the bundle's thread). The pool has ``tuning.threads`` threads.
     """
 
-    threads = 1
-    """Worker threads (one beside the bundle's own thread: two cores)."""
     max_pending = 3
     """Results computed ahead of the downstream DoFns, at most."""
 
     def setup(self) -> None:
-        """The pool, and the process's memory settings."""
-        reuse_freed_memory()
-        self._pool = ThreadPoolExecutor(
-            self.threads, thread_name_prefix=type(self).__name__
-        )
+        """The pool (none for 0 threads), and the process's memory settings."""
+        super().setup()
+        self._pool: ThreadPoolExecutor | None = None
+        if self.tuning.threads > 0:
+            self._pool = ThreadPoolExecutor(
+                self.tuning.threads, thread_name_prefix=type(self).__name__
+            )
         self._pending: deque[Future[Any]] = deque()
 
     def start_bundle(self) -> None:
@@ -96,7 +101,15 @@ class PooledDoFn(beam.DoFn):  # type: ignore[misc]
     def enqueue(self, work: Any) -> None:
         """Queue ``compute(work)``, its results to leave with the next ones
         (for work made up in ``finish_bundle``, before the parent's)."""
-        self._pending.append(self._pool.submit(self.compute, work))
+        if self._pool is not None:
+            self._pending.append(self._pool.submit(self.compute, work))
+            return
+        done: Future[Any] = Future()
+        try:
+            done.set_result(self.compute(work))
+        except Exception as error:  # raised where a pool's would be: .result()
+            done.set_exception(error)
+        self._pending.append(done)
 
     def finish_bundle(self) -> Iterator[Any]:
         """Emit the remaining results (global window: a batch job's)."""

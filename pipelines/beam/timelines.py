@@ -64,6 +64,7 @@ from pipelines.beam.kernels import (
     winning_copies,
 )
 from pipelines.beam.parallel import PooledDoFn
+from pipelines.beam.tuning import pipeline_tuning
 from pipelines.beam.validate import METRICS_NAMESPACE
 
 HOUR_MS = 3_600_000
@@ -245,7 +246,8 @@ class DedupeEvents(beam.PTransform):  # type: ignore[misc]
             # The side input by position: the DoFn's process also takes the window.
             | "Dedupe"
             >> beam.ParDo(
-                DedupeEventsFn(), beam.pvalue.AsList(winners)
+                DedupeEventsFn().tuned(pipeline_tuning(events.pipeline)),
+                beam.pvalue.AsList(winners),
             ).with_output_types(ShardedTable)
         )
 
@@ -494,5 +496,8 @@ class WriteUserSequences(beam.PTransform):  # type: ignore[misc]
             (pieces, none)
             | "AllTimelines" >> beam.Flatten().with_output_types(ShardedIpc)
             | "GatherTimelines" >> beam.GroupByKey()
-            | "Snapshots" >> beam.ParDo(WriteUserSequencesFn(self._output))
+            | "Snapshots"
+            >> beam.ParDo(
+                WriteUserSequencesFn(self._output).tuned(pipeline_tuning(pipeline))
+            )
         )

@@ -39,6 +39,7 @@ from features.events import (
 )
 from pipelines.beam.arrow import ipc_to_table, table_to_ipc
 from pipelines.beam.parallel import PooledDoFn
+from pipelines.beam.tuning import pipeline_tuning
 
 METRICS_NAMESPACE = "gem.build"
 DEAD_LETTERS = "dead_letters"
@@ -213,5 +214,5 @@ class ValidateEvents(beam.PTransform):  # type: ignore[misc]
     def expand(self, batches: beam.PCollection) -> Any:
         """Apply the validator with its tagged dead-letter output."""
         return batches | "Validate" >> beam.ParDo(
-            ValidateEventsFn(self._now)
+            ValidateEventsFn(self._now).tuned(pipeline_tuning(batches.pipeline))
         ).with_output_types(pa.Table).with_outputs(DEAD_LETTERS, main="valid")

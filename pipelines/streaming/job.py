@@ -47,6 +47,7 @@ from pipelines.streaming.config import StreamConfig
 from pipelines.streaming.entity_state import PUSH, EntityShardFn, route_entity_rows
 from pipelines.streaming.event_ids import ENTITY_NOTICES, EventIdFn, id_elements
 from pipelines.streaming.feast_push import PushToFeastFn
+from pipelines.streaming.flags import add_streaming_arguments
 from pipelines.streaming.kafka_source import (
     DEAD_LETTERS,
     MARKS,
@@ -67,72 +68,7 @@ class StreamingOptions(PipelineOptions):  # type: ignore[misc]
 
     @classmethod
     def _add_argparse_args(cls, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument(
-            "--allowed-lateness-ms",
-            dest="allowed_lateness_ms",
-            type=int,
-            default=60_000,
-            help="events this far behind the watermark are still incorporated; "
-            "later ones are dead-lettered",
-        )
-        parser.add_argument(
-            "--out-of-orderness-ms",
-            dest="out_of_orderness_ms",
-            type=int,
-            default=5_000,
-            help="how far the watermark trails the newest event time",
-        )
-        parser.add_argument(
-            "--release-granularity-ms",
-            dest="release_granularity_ms",
-            type=int,
-            default=60_000,
-            help="examples are released at multiples of this event time",
-        )
-        parser.add_argument(
-            "--entity-shards",
-            dest="entity_shards",
-            type=int,
-            default=4,
-            help="ad (and advertiser) shards of the counter state",
-        )
-        parser.add_argument(
-            "--stream-idle-seconds",
-            dest="stream_idle_seconds",
-            type=float,
-            default=None,
-            help="bounded run: stop when every partition has been idle this "
-            "long (default: run until cancelled)",
-        )
-        parser.add_argument(
-            "--stream-start",
-            dest="stream_start",
-            choices=("earliest", "committed"),
-            default="earliest",
-            help="earliest: replay the topic and rebuild the state (Prism "
-            "keeps none across restarts; the example-id ledger drops what was "
-            "already published); committed: resume at the group's committed "
-            "offsets (runners that restore checkpointed state)",
-        )
-        parser.add_argument(
-            "--dead-letter-topic",
-            dest="dead_letter_topic",
-            help="dead letters' topic (default: <events topic>.dead-letter)",
-        )
-        parser.add_argument(
-            "--feast-env", dest="feast_env", help="push to Feast: local or prod"
-        )
-        parser.add_argument(
-            "--feast-state-dir",
-            dest="feast_state_dir",
-            help="local Feast: registry + SQLite dir (enables the push)",
-        )
-        parser.add_argument("--feast-project", dest="feast_project")
-        parser.add_argument(
-            "--freshness-jsonl",
-            dest="freshness_jsonl",
-            help="append event-to-online freshness samples here",
-        )
+        add_streaming_arguments(parser)
 
 
 def stream_config(options: PipelineOptions) -> StreamConfig:

@@ -81,7 +81,7 @@ class PublishExampleMessagesFn(beam.DoFn):  # type: ignore[misc]
 
         self._published = published_example_ids(self._settings, self._topic)
         self._producer = KafkaProducer(
-            **self._settings.client_config(), **PRODUCER_TUNING
+            **self._settings.producer_config(**PRODUCER_TUNING)
         )
 
     def process(self, element: tuple[int, bytes, bytes]) -> Iterator[Any]:
@@ -143,7 +143,7 @@ class PublishDeadLettersFn(beam.DoFn):  # type: ignore[misc]
         limit = max_message_bytes(self._settings, self._topic)
         self._max_line_bytes = limit - RECORD_OVERHEAD_BYTES
         tuning = {**PRODUCER_TUNING, "max_request_size": limit}
-        self._producer = KafkaProducer(**self._settings.client_config(), **tuning)
+        self._producer = KafkaProducer(**self._settings.producer_config(**tuning))
 
     def process(self, line: str) -> Iterator[Any]:
         """Send one dead letter."""

@@ -8,6 +8,8 @@ Usage::
         --checkpoint-dir DIR [--methods full] [--idle-seconds 10] \\
         [--teacher-wait-s 30] [--checkpoint-every 50]
 
+(every flag: ``--help``, :mod:`trainer.commands.distill_daemon`).
+
 It reads the trainer's example messages and, next to them, the teacher-output
 topic that :mod:`trainer.distill.teacher_stream` publishes; it joins them by
 example id and trains the student (:mod:`trainer.distill.train`) on its
@@ -23,7 +25,8 @@ strictly in the order the source delivers them: a message waits up to
 masked (labels only; counted as ``examples_without_teacher``). Teacher rows
 are at-least-once upstream; a duplicate row is dropped. The teacher's model
 code is never imported: dims and shared tables come from its checkpoint's
-tensors (:mod:`trainer.distill.sharing`).
+tensors (:mod:`trainer.distill.sharing`) and the model configuration its
+checkpoint carries (:func:`trainer.checkpoint.model_record`).
 
 Checkpoints are verified on load as the trainer daemon's are: a corrupt one
 is set aside and the previous one used; with checkpoint files but none that
@@ -34,11 +37,17 @@ letter. The dead-letter count is run-wide (kept in the checkpoint).
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
-import json
-import logging
 import sys
+
+if __name__ == "__main__":
+    # Flags first, torch after: --help and flag errors answer at once. The
+    # command imports this module again, under its own name, to train.
+    from trainer.commands.distill_daemon import main
+
+    sys.exit(main())
+
+import dataclasses
+import logging
 import time
 from collections import OrderedDict
 from pathlib import Path
@@ -48,20 +57,16 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from features.kafka import KafkaSettings, add_kafka_arguments, kafka_cluster
+from features.kafka import KafkaSettings
 from features.vocab import DOMAINS
-from trainer.checkpoint import NoUsableCheckpointError, resume_state, save_checkpoint
+from trainer.checkpoint import read_model_checkpoint, resume_state, save_checkpoint
 from trainer.distill.records import (
     NUM_LOGITS,
     AlignedTeacher,
     decode_teacher_message,
 )
 from trainer.distill.run import teacher_embedding_settings
-from trainer.distill.sharing import (
-    read_checkpoint,
-    summary_embedding_dim,
-    teacher_tables,
-)
+from trainer.distill.sharing import summary_embedding_dim, teacher_tables
 from trainer.distill.student_data import domain_rows, student_batch
 from trainer.distill.train import (
     FULL,
@@ -71,10 +76,10 @@ from trainer.distill.train import (
     TeacherSeen,
     apply_sharing,
     build_student,
-    parse_methods,
 )
 from trainer.kafka_source import Item, KafkaSource
 from trainer.models.base_rate import prior_logits
+from trainer.prometheus import DaemonMetrics, RunTotals
 
 log = logging.getLogger(__name__)
 
@@ -92,13 +97,14 @@ class StudentDaemonConfig:
     distill: DistillConfig = dataclasses.field(
         default_factory=lambda: DistillConfig(methods=FULL)
     )
-    teacher_preset: str = "tiny"
     idle_seconds: float | None = None
     teacher_wait_s: float = 30.0
     checkpoint_every: int = 50
     keep: int = 3
     max_cached_rows: int = 2_000_000
     start_fresh: bool = False
+    prometheus_port: int = 0
+    metrics_address: str = "127.0.0.1"
 
 
 class TeacherCache:
@@ -213,8 +219,8 @@ def run(config: StudentDaemonConfig, settings: KafkaSettings) -> dict[str, Any]:
     loaded = resume_state(config.checkpoint_dir, start_fresh=config.start_fresh)
     cfg = config.distill
     domain_index = DOMAINS.index(config.domain)
-    teacher_state = read_checkpoint(config.teacher)
-    dim, cap = teacher_embedding_settings(teacher_state, config.teacher_preset)
+    teacher_state, teacher_path = read_model_checkpoint(config.teacher, "--teacher")
+    dim, cap = teacher_embedding_settings(teacher_state, teacher_path)
     emb_dim = summary_embedding_dim(teacher_state)
     torch.manual_seed(cfg.seed)
     student = build_student(
@@ -266,6 +272,28 @@ def run(config: StudentDaemonConfig, settings: KafkaSettings) -> dict[str, Any]:
         decode_record=_teacher_decoder(emb_dim),
         start_at_earliest=fresh,
     ).start()
+    exported: DaemonMetrics | None = None  # /metrics, when a port is given
+    if config.prometheus_port:
+        exported = DaemonMetrics(
+            "gem_student",
+            config.prometheus_port,
+            config.metrics_address,
+            restored=RunTotals(
+                step=step,
+                examples=applied,
+                dead_letters=dead_letters,
+                checkpoint=loaded[1],
+            )
+            if loaded is not None
+            else None,
+            training_gauges=False,
+        )
+        exported.watch_consumer(config.examples_topic, examples_source.lag)
+        exported.watch_consumer(config.teacher_topic, teacher_source.lag)
+
+    def count() -> None:
+        if exported is not None:
+            exported.advance(examples=applied, steps=step, dead_letters=dead_letters)
 
     def checkpoint() -> None:
         save_checkpoint(
@@ -289,6 +317,8 @@ def run(config: StudentDaemonConfig, settings: KafkaSettings) -> dict[str, Any]:
             },
             keep=config.keep,
         )
+        if exported is not None:
+            exported.checkpoint_written(step)
         examples_source.request_commit()
         teacher_source.request_commit()
 
@@ -312,6 +342,7 @@ def run(config: StudentDaemonConfig, settings: KafkaSettings) -> dict[str, Any]:
             # Fence points for both sources' rebalance listeners, idle or not.
             examples_source.iteration_done()
             teacher_source.iteration_done()
+            count()
             pump_teacher(0.0)
             if pending is None:
                 pending = examples_source.next(timeout=0.2)
@@ -344,6 +375,7 @@ def run(config: StudentDaemonConfig, settings: KafkaSettings) -> dict[str, Any]:
                 cache.drop(all_ids)  # every example id occurs once: never needed again
             else:
                 dead_letters += 1
+            count()  # before the mark: a scrape never sees lag ahead of counts
             examples_source.mark(pending.partition, pending.offset + 1)
             messages += 1
             pending = None
@@ -351,10 +383,13 @@ def run(config: StudentDaemonConfig, settings: KafkaSettings) -> dict[str, Any]:
             if since_checkpoint >= config.checkpoint_every:
                 checkpoint()
                 since_checkpoint = 0
+        count()
         checkpoint()
     finally:
         examples_source.close()
         teacher_source.close()
+        if exported is not None:
+            exported.close()
     return {
         "domain": config.domain,
         "methods": list(cfg.methods),
@@ -368,67 +403,3 @@ def run(config: StudentDaemonConfig, settings: KafkaSettings) -> dict[str, Any]:
         "teacher_seen": seen.report(),
         "progressive": calibration.report(trainer.adapter is not None),
     }
-
-
-def main(argv: list[str] | None = None) -> int:
-    """CLI entry point (see the module docstring)."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--examples-topic", required=True)
-    p.add_argument("--teacher-topic", required=True)
-    p.add_argument("--group", required=True)
-    p.add_argument("--domain", choices=DOMAINS, required=True)
-    p.add_argument("--teacher", type=Path, required=True, help="checkpoint file/dir")
-    p.add_argument("--teacher-preset", default="tiny")
-    p.add_argument("--checkpoint-dir", type=Path, required=True)
-    p.add_argument("--methods", default="full")
-    p.add_argument("--student", default="dlrm_small")
-    p.add_argument("--lr", type=float, default=2e-3)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--idle-seconds", type=float, default=None)
-    p.add_argument("--teacher-wait-s", type=float, default=30.0)
-    p.add_argument("--checkpoint-every", type=int, default=50, metavar="MESSAGES")
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument(
-        "--start-fresh",
-        action="store_true",
-        help="when no checkpoint in --checkpoint-dir verifies, train a new "
-        "student from the topics' earliest offsets instead of refusing to start",
-    )
-    add_kafka_arguments(p)
-    args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, force=True)
-    torch.set_num_threads(args.threads)
-    settings = KafkaSettings.from_args(args)
-    if settings.embedded:
-        p.error("--kafka-bootstrap is required (the daemon trains from a cluster)")
-    config = StudentDaemonConfig(
-        examples_topic=args.examples_topic,
-        teacher_topic=args.teacher_topic,
-        group=args.group,
-        domain=args.domain,
-        teacher=args.teacher,
-        teacher_preset=args.teacher_preset,
-        checkpoint_dir=args.checkpoint_dir,
-        distill=DistillConfig(
-            methods=parse_methods(args.methods),
-            student=args.student,
-            lr=args.lr,
-            seed=args.seed,
-        ),
-        idle_seconds=args.idle_seconds,
-        teacher_wait_s=args.teacher_wait_s,
-        checkpoint_every=args.checkpoint_every,
-        start_fresh=args.start_fresh,
-    )
-    try:
-        with kafka_cluster(settings) as cluster:
-            result = run(config, cluster)
-    except NoUsableCheckpointError as error:
-        print(f"trainer.distill.daemon: refusing to start: {error}", file=sys.stderr)
-        return 2
-    print(json.dumps({k: v for k, v in result.items() if k != "progressive"}))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -18,8 +18,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from features.cli import progress
 from features.vocab import DOMAINS
-from trainer.config import preset as preset_config
+from trainer.checkpoint import missing_model_config
 from trainer.data import event_time_ms, read_examples, read_timelines
 from trainer.distill.records import read_teacher_outputs
 from trainer.distill.sharing import embedding_settings, teacher_tables
@@ -37,7 +38,12 @@ def ensure_teacher_outputs(
     max_seq_len: int | None = None,
     extra_args: tuple[str, ...] = (),
 ) -> Path:
-    """``output`` if it holds teacher outputs, else compute them in a subprocess."""
+    """``output`` if it holds teacher outputs, else compute them in a subprocess.
+
+    Raises:
+        subprocess.CalledProcessError: the job failed; its one-line error is
+            on stderr already (the child shares it).
+    """
     if any(output.glob("*.parquet")):
         return output
     command = [
@@ -83,14 +89,18 @@ def last_day_split(examples: pa.Table, timelines: pa.Table) -> Split:
 
 
 def teacher_embedding_settings(
-    state: dict[str, Any], preset: str
+    state: dict[str, Any], path: Path
 ) -> tuple[int, int | None]:
-    """(dim, cap) of the teacher: from its stored config, else from ``preset``."""
+    """(dim, cap) of the teacher's embeddings, from the config its checkpoint
+    (loaded from ``path``) carries.
+
+    Raises:
+        trainer.checkpoint.MissingModelConfigError: it carries none.
+    """
     found = embedding_settings(state)
-    if found is not None:
-        return found
-    emb = preset_config(preset).embedding
-    return emb.dim, emb.max_num_embeddings
+    if found is None:
+        raise missing_model_config(path)
+    return found
 
 
 def distill_domains(
@@ -100,23 +110,30 @@ def distill_domains(
     checkpoint_state: dict[str, Any],
     *,
     domains: tuple[str, ...] = DOMAINS,
-    teacher_preset: str = "tiny",
+    checkpoint_path: Path = Path("teacher checkpoint"),
 ) -> dict[str, Any]:
-    """Train and evaluate one student per domain; the report by domain."""
-    dim, cap = teacher_embedding_settings(checkpoint_state, teacher_preset)
+    """Train and evaluate one student per domain; the report by domain.
+
+    ``checkpoint_path`` names the teacher's checkpoint in the error of one
+    that carries no model configuration.
+    """
+    dim, cap = teacher_embedding_settings(checkpoint_state, checkpoint_path)
     tables = teacher_tables(checkpoint_state) if "share" in cfg.methods else None
     report: dict[str, Any] = {}
-    for domain in domains:
-        train = StudentData(split.train, split.timelines, domain, outputs)
-        evals = StudentData(split.eval, split.timelines, domain, outputs)
-        if len(train) == 0:
-            report[domain] = {"skipped": "no training examples in this domain"}
-            continue
-        student, adapter, r = train_student(
-            cfg, train, dim=dim, cap=cap, teacher_tables=tables
-        )
-        r["eval"] = evaluate_student(student, adapter, evals)
-        report[domain] = r
+    with progress("students (domains)", total=len(domains)) as bar:
+        for domain in domains:
+            train = StudentData(split.train, split.timelines, domain, outputs)
+            evals = StudentData(split.eval, split.timelines, domain, outputs)
+            if len(train) == 0:
+                report[domain] = {"skipped": "no training examples in this domain"}
+                bar.advance()
+                continue
+            student, adapter, r = train_student(
+                cfg, train, dim=dim, cap=cap, teacher_tables=tables
+            )
+            r["eval"] = evaluate_student(student, adapter, evals)
+            report[domain] = r
+            bar.advance()
     return report
 
 

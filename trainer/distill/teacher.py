@@ -6,68 +6,38 @@ train the teacher) import this module; students read the teacher's *outputs*
 its checkpoint (:mod:`trainer.distill.sharing`), never this code.
 
 A teacher checkpoint is a :mod:`trainer.checkpoint` file (atomic write, the
-same loader) with, besides the required keys, ``model_name``,
-``model_config`` (the full :class:`~trainer.config.ModelConfig` as plain
-dicts) and ``trained_until_ms`` (newest example time trained on: the
-"teacher time" that student staleness is measured against). A trainer-daemon
-checkpoint (no config) loads too, given ``--model`` / ``--preset``; its
-teacher time is then the file's modification time.
+same loader) that describes its model (:func:`trainer.checkpoint.model_record`:
+name, preset, the full :class:`~trainer.config.ModelConfig`): the trainer
+daemon's, ``trainer.fit --save``'s and :func:`train_teacher`'s all do, so the
+model is rebuilt from the checkpoint alone. ``trained_until_ms`` (newest
+example time trained on: the "teacher time" that student staleness is
+measured against) is the file's modification time when the checkpoint does
+not hold it (the daemon's).
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 import torch
 
 from trainer.batch import Batch
-from trainer.checkpoint import load_latest, read_checkpoint_file, save_checkpoint
-from trainer.config import (
-    BaselineConfig,
-    EmbeddingConfig,
-    HeadsConfig,
-    InterFormerConfig,
-    Kernel,
-    ModelConfig,
-    PyramidConfig,
-    WukongConfig,
+from trainer.checkpoint import (
+    model_from_record,
+    model_record,
+    read_model_checkpoint,
+    save_checkpoint,
 )
+from trainer.config import ModelConfig
 from trainer.data import ExampleDataset, event_time_ms
 from trainer.fit import FitConfig, base_rate_logits, make_optimizer
 from trainer.models.base_rate import BaseRateOffset, prior_logits
-from trainer.models.registry import build_model, model_config
+from trainer.models.registry import build_model
 from trainer.models.train import GEMTrain
 from trainer.train_step import train_step
-
-
-def config_to_dict(config: ModelConfig) -> dict[str, Any]:
-    """A ``weights_only``-loadable form of the config (enums as strings)."""
-    raw = dataclasses.asdict(config)
-    raw["kernel"] = str(config.kernel.value)
-    return raw
-
-
-def config_from_dict(raw: dict[str, Any]) -> ModelConfig:
-    """Inverse of :func:`config_to_dict` (lists back to tuples)."""
-
-    def part(cls: Any, values: dict[str, Any]) -> Any:
-        fixed = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
-        return cls(**fixed)
-
-    return ModelConfig(
-        embedding=part(EmbeddingConfig, raw["embedding"]),
-        wukong=part(WukongConfig, raw["wukong"]),
-        pyramid=part(PyramidConfig, raw["pyramid"]),
-        interformer=part(InterFormerConfig, raw["interformer"]),
-        heads=part(HeadsConfig, raw["heads"]),
-        baseline=part(BaselineConfig, raw["baseline"]),
-        use_sequences=bool(raw["use_sequences"]),
-        kernel=Kernel(raw["kernel"]),
-    )
 
 
 class Teacher(NamedTuple):
@@ -119,33 +89,21 @@ def train_teacher(
             "optimizer": optimizer.state_dict(),
             "step": step,
             "offsets": {},
-            "model_name": model_name,
-            "model_config": config_to_dict(config),
             "trained_until_ms": newest,
+            **model_record(model_name, None, config),
         },
     )
 
 
-def load_teacher(
-    path: Path, *, model_name: str = "gem", preset: str = "tiny"
-) -> Teacher:
+def load_teacher(path: Path, *, flag: str = "--teacher") -> Teacher:
     """Load a teacher checkpoint file, or the newest one in a directory.
 
-    ``model_name`` / ``preset`` are used only for checkpoints without a
-    stored config (the trainer daemon's).
+    The model is the one the checkpoint describes; ``flag`` names ``path`` in
+    the one-line error of a checkpoint that cannot be used
+    (:func:`trainer.checkpoint.read_model_checkpoint`).
     """
-    if path.is_dir():
-        found = load_latest(path)
-        if found is None:
-            raise FileNotFoundError(f"no readable checkpoint in {path}")
-        state, path = found
-    else:
-        state = read_checkpoint_file(path)
-    if "model_config" in state:
-        config = config_from_dict(state["model_config"])
-        model_name = str(state.get("model_name", model_name))
-    else:
-        config = model_config(model_name, preset)
+    state, path = read_model_checkpoint(path, flag)
+    model_name, config = model_from_record(state, path)
     # The offsets' initial values are overwritten by the state dict.
     model = GEMTrain(BaseRateOffset(build_model(model_name, config), prior_logits()))
     model.load_state_dict(state["model"])

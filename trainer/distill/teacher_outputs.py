@@ -1,10 +1,7 @@
 """Teacher outputs, computed once per example: GEM forward → Parquet.
 
-Usage::
-
-    python -m trainer.distill.teacher_outputs --examples DIR --teacher CKPT \\
-        --output DIR [--batch-size 1024] [--max-seq-len N] \\
-        [--model gem --preset tiny]   # only for checkpoints without a config
+Usage: ``python -m trainer.distill.teacher_outputs --help`` (the flags live
+in :mod:`trainer.commands.teacher_outputs`).
 
 ``DIR`` (``--examples``) is a feature-job output (examples + timelines,
 :mod:`trainer.data`); ``CKPT`` a teacher checkpoint file or directory
@@ -16,19 +13,24 @@ in; the summary printed as JSON says so.
 
 from __future__ import annotations
 
-import argparse
-import json
-import shutil
 import sys
+
+if __name__ == "__main__":
+    # Flags first, torch after: --help and flag errors answer at once. The
+    # command imports this module again, under its own name, to run.
+    from trainer.commands.teacher_outputs import main
+
+    sys.exit(main())
+
+import shutil
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import torch
 
+from features.cli import progress
 from trainer.data import ExampleDataset, event_time_ms
 from trainer.distill.records import (
     teacher_output_schema,
@@ -66,30 +68,31 @@ def run(
     *,
     batch_size: int = 1024,
     max_seq_len: int | None = None,
-    model_name: str = "gem",
-    preset: str = "tiny",
     rows_per_file: int = 200_000,
 ) -> dict[str, Any]:
     """Write the teacher outputs of every example under ``examples_dir``."""
     started = time.perf_counter()
-    teacher = load_teacher(teacher_path, model_name=model_name, preset=preset)
+    teacher = load_teacher(teacher_path)
     seq_len = max_seq_len or teacher.config.embedding.max_seq_len
     data = ExampleDataset(examples_dir, max_seq_len=seq_len)
     if output.exists():
         shutil.rmtree(output)  # a re-run replaces, never appends duplicates
     parts: list[pa.Table] = []
     pending, files, written = 0, 0, 0
-    for start in range(0, len(data), batch_size):
-        rows = np.arange(start, min(start + batch_size, len(data)), dtype=np.int64)
-        parts.append(
-            teacher_outputs_for(
-                teacher, data.examples.take(pa.array(rows)), data.timelines, seq_len
+    with progress("teacher outputs", total=len(data)) as bar:
+        for start in range(0, len(data), batch_size):
+            stop = min(start + batch_size, len(data))
+            rows = np.arange(start, stop, dtype=np.int64)
+            parts.append(
+                teacher_outputs_for(
+                    teacher, data.examples.take(pa.array(rows)), data.timelines, seq_len
+                )
             )
-        )
-        pending += len(rows)
-        if pending >= rows_per_file:
-            written += _flush(parts, output, files)
-            files, pending = files + 1, 0
+            pending += len(rows)
+            if pending >= rows_per_file:
+                written += _flush(parts, output, files)
+                files, pending = files + 1, 0
+            bar.advance(len(rows))
     if parts or files == 0:
         written += _flush(parts, output, files)
         files += 1
@@ -114,36 +117,3 @@ def _flush(parts: list[pa.Table], output: Path, index: int) -> int:
         table = teacher_output_schema(0).empty_table()
     write_teacher_outputs(table, output, index)
     return table.num_rows
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """CLI entry point (see the module docstring)."""
-    p = argparse.ArgumentParser(
-        prog="python -m trainer.distill.teacher_outputs",
-        description=__doc__.splitlines()[0],
-    )
-    p.add_argument("--examples", type=Path, required=True, help="feature-job output")
-    p.add_argument("--teacher", type=Path, required=True, help="checkpoint file/dir")
-    p.add_argument("--output", type=Path, required=True)
-    p.add_argument("--batch-size", type=int, default=1024)
-    p.add_argument("--max-seq-len", type=int, default=None)
-    p.add_argument("--model", default="gem", help="for config-less checkpoints")
-    p.add_argument("--preset", default="tiny", help="for config-less checkpoints")
-    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
-    args = p.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    summary = run(
-        args.examples,
-        args.teacher,
-        args.output,
-        batch_size=args.batch_size,
-        max_seq_len=args.max_seq_len,
-        model_name=args.model,
-        preset=args.preset,
-    )
-    print(json.dumps(summary, indent=1), file=sys.stdout)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

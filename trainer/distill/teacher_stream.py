@@ -7,6 +7,9 @@ Usage::
         --group gem-teacher-outputs --teacher CKPT --checkpoint-dir DIR \\
         [--idle-seconds 10] [--partitions 4]
 
+(every flag: ``--help``, :mod:`trainer.commands.teacher_stream`; the teacher
+model is the one its checkpoint describes).
+
 The stream form of :mod:`trainer.distill.teacher_outputs`: every example
 message of the trainer's topic (:mod:`features.example_messages`) is run
 through the teacher once and its rows (:mod:`trainer.distill.records`) are
@@ -23,20 +26,23 @@ examples topic from the earliest offsets).
 
 from __future__ import annotations
 
-import argparse
-import json
-import logging
 import sys
-import time
+
+if __name__ == "__main__":
+    # Flags first, torch after: --help and flag errors answer at once. The
+    # command imports this module again, under its own name, to run.
+    from trainer.commands.teacher_stream import main
+
+    sys.exit(main())
+
+import logging
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from features.kafka import KafkaSettings
-from features.kafka.settings import MAX_MESSAGE_BYTES, add_kafka_arguments
+from features.kafka.settings import MAX_MESSAGE_BYTES
 from features.kafka.topics import ensure_topics
-from trainer.checkpoint import NoUsableCheckpointError, resume_state, save_checkpoint
+from trainer.checkpoint import resume_state, save_checkpoint
 from trainer.data import event_time_ms
 from trainer.distill.records import (
     encode_teacher_message,
@@ -60,15 +66,13 @@ def run_stream(
     idle_seconds: float | None = None,
     checkpoint_every: int = 50,
     partitions: int = 4,
-    model_name: str = "gem",
-    preset: str = "tiny",
     start_fresh: bool = False,
 ) -> dict[str, Any]:
     """Run until SIGTERM-free idle (``idle_seconds``) or forever; returns counts."""
     from kafka import KafkaProducer
 
     loaded = resume_state(checkpoint_dir, start_fresh=start_fresh)
-    teacher = load_teacher(teacher_path, model_name=model_name, preset=preset)
+    teacher = load_teacher(teacher_path)
     offsets: dict[int, int] = {}
     messages = rows_out = dead_letters = 0
     if loaded is not None:
@@ -89,7 +93,7 @@ def run_stream(
     ).start()
     # Its topics allow MAX_MESSAGE_BYTES (ensure_topics); so does the producer.
     producer = KafkaProducer(
-        **settings.client_config(), acks="all", max_request_size=MAX_MESSAGE_BYTES
+        **settings.producer_config(acks="all", max_request_size=MAX_MESSAGE_BYTES)
     )
     since_checkpoint = 0
 
@@ -156,61 +160,3 @@ def run_stream(
         "dead_letters": dead_letters,
         "teacher_step": teacher.step,
     }
-
-
-def main(argv: list[str] | None = None) -> int:
-    """CLI entry point (see the module docstring)."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--examples-topic", required=True)
-    p.add_argument("--output-topic", required=True)
-    p.add_argument("--group", default="gem-teacher-outputs")
-    p.add_argument("--teacher", type=Path, required=True)
-    p.add_argument("--checkpoint-dir", type=Path, required=True)
-    p.add_argument("--idle-seconds", type=float, default=None)
-    p.add_argument("--checkpoint-every", type=int, default=50, metavar="MESSAGES")
-    p.add_argument("--partitions", type=int, default=4)
-    p.add_argument("--model", default="gem", help="for config-less checkpoints")
-    p.add_argument("--preset", default="tiny", help="for config-less checkpoints")
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument(
-        "--start-fresh",
-        action="store_true",
-        help="when no checkpoint in --checkpoint-dir verifies, start from the "
-        "examples topic's earliest offsets instead of refusing to start",
-    )
-    add_kafka_arguments(p)
-    args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, force=True)
-    torch.set_num_threads(args.threads)
-    settings = KafkaSettings.from_args(args)
-    if settings.embedded:
-        p.error("--kafka-bootstrap is required")
-    started = time.perf_counter()
-    try:
-        result = run_stream(
-            settings,
-            examples_topic=args.examples_topic,
-            output_topic=args.output_topic,
-            group=args.group,
-            teacher_path=args.teacher,
-            checkpoint_dir=args.checkpoint_dir,
-            idle_seconds=args.idle_seconds,
-            checkpoint_every=args.checkpoint_every,
-            partitions=args.partitions,
-            model_name=args.model,
-            preset=args.preset,
-            start_fresh=args.start_fresh,
-        )
-    except NoUsableCheckpointError as error:
-        print(
-            f"trainer.distill.teacher_stream: refusing to start: {error}",
-            file=sys.stderr,
-        )
-        return 2
-    result["seconds"] = time.perf_counter() - started
-    print(json.dumps(result))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,0 +1,67 @@
+"""``python -m pipelines.movielens``: the flags, then the conversion
+(:mod:`pipelines.movielens`)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from features.cli import CommandError, CommandParser, run_command
+
+DESCRIPTION = """\
+Convert MovieLens (ml-100k or ml-1m, detected from its files) into the
+project's events and users / ads / contents tables, the layout
+pipelines.generate writes. Reads the source in place."""
+
+
+def build_parser() -> CommandParser:
+    """The command's flags."""
+    parser = CommandParser("pipelines.movielens", DESCRIPTION)
+    parser.add_argument(
+        "--source",
+        type=Path,
+        required=True,
+        help="MovieLens folder: u.data, u.user, u.item (ml-100k) or "
+        "ratings.dat, users.dat, movies.dat (ml-1m)",
+    )
+    parser.add_argument("--output", type=Path, required=True, help="output folder")
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an existing OUTPUT/events directory",
+    )
+    return parser
+
+
+def _convert(args: argparse.Namespace) -> int:
+    from pipelines.movielens import LayoutError, run
+
+    started = time.perf_counter()
+    try:
+        manifest = run(args.source, args.output, overwrite=args.overwrite)
+    except (LayoutError, FileExistsError) as error:
+        raise CommandError(str(error)) from error
+    elapsed = time.perf_counter() - started
+    counts = manifest["counts"]
+    print(
+        f"{manifest['layout']}: {counts['ratings']:,} ratings -> "
+        f"{counts['events']:,} events over {counts['days']} days, "
+        f"{counts['users']:,} users, {counts['ads']:,} ads "
+        f"in {elapsed:.1f} s -> {args.output}"
+    )
+    for domain, by_action in manifest["counts_by_domain_action"].items():
+        line = "  ".join(f"{a}={c:,}" for a, c in by_action.items())
+        print(f"  {domain:<10} {line}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command; its exit status (2 with one line for bad input)."""
+    return run_command(build_parser(), _convert, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,207 @@
+"""The trainer's commands as a user meets them: defaults from the run's
+dataclass, the light name lists agreeing with the registries, one-line
+errors for bad input, and ``trainer.fit --save`` feeding distillation with
+no preset flag (the checkpoint carries the model's configuration)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipelines import reference
+from pipelines.synthetic import GeneratorConfig, generate_dataset
+from trainer import split
+from trainer.checkpoint import (
+    list_checkpoints,
+    read_checkpoint_file,
+    save_checkpoint,
+)
+from trainer.commands import daemon as daemon_command
+from trainer.commands import distill as distill_command
+from trainer.commands import fit as fit_command
+from trainer.commands import teacher_outputs as teacher_outputs_command
+from trainer.config import PRESETS, config_from_dict, tiny
+from trainer.distill.student import STUDENT_PRESETS
+from trainer.distill.teacher import load_teacher
+from trainer.distill.train import DistillConfig
+from trainer.models.base_rate import BaseRateOffset, prior_logits
+from trainer.models.registry import MODEL_NAMES, build_model
+from trainer.models.train import GEMTrain
+from trainer.run_config import (
+    EMBEDDING_OPTIMIZERS,
+    MIN_SHARDED_ROWS,
+    PRESET_NAMES,
+    SHARDINGS,
+    STUDENT_NAMES,
+    DaemonConfig,
+    FitConfig,
+)
+from trainer.run_config import MODEL_NAMES as LIGHT_MODEL_NAMES
+from trainer.sharding import DEFAULT_MIN_ROWS
+from trainer.sharding import EMBEDDING_OPTIMIZERS as SHARDING_OPTIMIZERS
+from trainer.sharding import SHARDINGS as SHARDING_MODES
+
+REPO = Path(__file__).resolve().parents[1]
+FAST = ["--preset", "tiny", "--max-seq-len", "32", "--batch-size", "256"]
+
+
+def test_the_light_name_lists_agree_with_the_registries() -> None:
+    assert LIGHT_MODEL_NAMES == MODEL_NAMES
+    assert PRESET_NAMES == tuple(PRESETS)
+    assert (SHARDINGS, EMBEDDING_OPTIMIZERS) == (SHARDING_MODES, SHARDING_OPTIMIZERS)
+    assert MIN_SHARDED_ROWS == DEFAULT_MIN_ROWS
+    assert STUDENT_NAMES == tuple(STUDENT_PRESETS)
+
+
+def test_flag_defaults_are_the_dataclasses() -> None:
+    fit_args = fit_command.build_parser().parse_args(
+        ["--train", "a", "--eval", "b", "--metrics-out", "m.json"]
+    )
+    fields = {f.name for f in dataclasses.fields(FitConfig)}
+    flagged = {k: v for k, v in vars(fit_args).items() if k in fields}
+    assert FitConfig(**flagged) == FitConfig(train=Path("a"), eval=Path("b"))
+    daemon_args = daemon_command.build_parser().parse_args(
+        ["--topic", "t", "--checkpoint-dir", "c"]
+    )
+    fields = {f.name for f in dataclasses.fields(DaemonConfig)}
+    flagged = {k: v for k, v in vars(daemon_args).items() if k in fields}
+    assert DaemonConfig(**flagged) == DaemonConfig(topic="t", checkpoint_dir=Path("c"))
+    assert daemon_args.preset == "default"  # the daemon trains a real model
+    distill_args = distill_command.build_parser().parse_args(
+        ["--examples", "e", "--teacher", "t", "--metrics-out", "m"]
+    )
+    defaults = DistillConfig()
+    for name in [*distill_command.KNOBS, "epochs", "batch_size", "lr", "seed"]:
+        assert getattr(distill_args, name) == getattr(defaults, name), name
+    assert distill_args.student == defaults.student
+
+
+def _one_line_error(capsys: pytest.CaptureFixture[str], prog: str) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert err[0].startswith(f"python -m {prog}: error: ")
+    return err[0]
+
+
+def test_daemon_without_a_cluster_says_so_before_loading_torch() -> None:
+    script = (
+        "import sys\n"
+        "from trainer.commands.daemon import main\n"
+        "code = main(['--topic', 't', '--checkpoint-dir', 'c'])\n"
+        "print(code, 'torch' in sys.modules)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True
+    )
+    assert done.stdout.split() == ["2", "False"], done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith("python -m trainer.daemon: error: no Kafka cluster named")
+    assert "--kafka-bootstrap" in line
+    help_text = daemon_command.build_parser().format_help()
+    assert "required" in help_text
+    assert "embedded broker is started" not in help_text
+
+
+@pytest.fixture(scope="module")
+def periods(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """train / validation / eval folders cut by ``python -m trainer.split``."""
+    root = tmp_path_factory.mktemp("trainer-cli")
+    generate_dataset(GeneratorConfig(users=300, ads=60, days=3, seed=7), root / "gen")
+    assert (
+        reference.main(["--input", str(root / "gen"), "--output", str(root / "f")]) == 0
+    )
+    dirs = {name: root / name for name in ("train", "validation", "eval")}
+    argv = ["--input", str(root / "f")]
+    for name, path in dirs.items():
+        argv += [f"--{name}", str(path)]
+    assert split.main(argv) == 0
+    return dirs
+
+
+def test_fit_save_then_distill_with_no_preset_flag(
+    periods: dict[str, Path], tmp_path: Path
+) -> None:
+    ckpt, metrics = tmp_path / "teacher", tmp_path / "fit.json"
+    argv = [f"--{name}={path}" for name, path in periods.items()]
+    argv += ["--epochs", "2", "--max-steps-per-epoch", "2", *FAST]
+    argv += ["--metrics-out", str(metrics), "--save", str(ckpt)]
+    assert fit_command.main(argv) == 0
+    report = json.loads(metrics.read_text())
+    (path,) = list_checkpoints(ckpt)
+    assert report["checkpoint"] == str(path)
+    state = read_checkpoint_file(path)  # verified: manifest and checksums
+    assert (state["model_name"], state["model_preset"]) == ("gem", "tiny")
+    config = config_from_dict(state["model_config"])
+    assert config.embedding.max_seq_len == 32  # --max-seq-len is in it
+    assert config == dataclasses.replace(
+        tiny(), embedding=dataclasses.replace(tiny().embedding, max_seq_len=32)
+    )
+    assert load_teacher(ckpt).config == config
+
+    out = tmp_path / "distill.json"
+    distill = [
+        "--examples", str(periods["validation"]), "--eval", str(periods["eval"]),
+        "--teacher", str(ckpt), "--domains", "facebook", "--batch-size", "128",
+        "--metrics-out", str(out),
+    ]  # fmt: skip
+    assert distill_command.main(distill) == 0
+    distilled = json.loads(out.read_text())
+    assert distilled["teacher_checkpoint"] == str(path)
+    assert distilled["teacher_step"] == state["step"]
+    # The teacher distillation ran is the model trainer.fit evaluated.
+    teacher = distilled["domains"]["facebook"]["eval"]["teacher"]
+    for objective, metric in teacher.items():
+        fitted = report["by_task"][f"facebook/{objective}"]
+        assert metric["count"] == fitted["count"]
+        assert metric["ne"] == pytest.approx(fitted["ne"], rel=1e-4)
+
+
+def test_fit_bad_input_is_one_line(
+    periods: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = ["--eval", str(periods["eval"]), "--metrics-out", str(tmp_path / "m")]
+    assert fit_command.main(["--train", str(tmp_path / "nope"), *base]) == 2
+    assert "--train" in _one_line_error(capsys, "trainer.fit")
+    argv = ["--train", str(periods["train"]), *base, "--recalibrate"]
+    assert fit_command.main(argv) == 2
+    assert "needs --validation" in _one_line_error(capsys, "trainer.fit")
+    broken = tmp_path / "broken"
+    for part in ("examples/date=2026-10-01", "timelines"):
+        (broken / part).mkdir(parents=True)
+        (broken / part / "part-0.parquet").write_bytes(b"not parquet at all")
+    assert fit_command.main(["--train", str(broken), *base, *FAST]) == 2
+    line = _one_line_error(capsys, "trainer.fit")
+    assert f"--train {broken}: unreadable" in line
+
+
+def test_a_checkpoint_without_its_model_config_says_what_to_do(
+    periods: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = GEMTrain(BaseRateOffset(build_model("gem", "tiny"), prior_logits()))
+    bare = save_checkpoint(
+        tmp_path / "bare",
+        {"model": model.state_dict(), "optimizer": {}, "step": 1, "offsets": {}},
+    )
+    argv = ["--examples", str(periods["eval"]), "--output", str(tmp_path / "o")]
+    assert teacher_outputs_command.main([*argv, "--teacher", str(bare)]) == 2
+    line = _one_line_error(capsys, "trainer.distill.teacher_outputs")
+    assert "does not say which model it holds" in line
+    assert "python -m trainer.fit --save" in line
+    # A corrupt file and an empty folder: one line each, naming the flag.
+    corrupt = tmp_path / "corrupt.pt"
+    corrupt.write_bytes(bare.read_bytes()[:1000])
+    assert teacher_outputs_command.main([*argv, "--teacher", str(corrupt)]) == 2
+    assert f"--teacher {corrupt}: unreadable" in _one_line_error(
+        capsys, "trainer.distill.teacher_outputs"
+    )
+    (tmp_path / "empty").mkdir()
+    argv += ["--teacher", str(tmp_path / "empty")]
+    assert teacher_outputs_command.main(argv) == 2
+    assert "no checkpoint files" in _one_line_error(
+        capsys, "trainer.distill.teacher_outputs"
+    )
