@@ -22,6 +22,20 @@ HEAVY = ("torch", "torchrec", "fbgemm_gpu", "feast", "pandas", "pyarrow")
 # (pipelines.beam.beam_flags): Beam itself stays out of their --help.
 BEAM_JOBS = {"pipelines.build"}
 
+# Every command that talks to Kafka (features.kafka.add_kafka_arguments).
+KAFKA_FLAGS: set[str] = {
+    "--kafka-bootstrap",
+    "--kafka-config",
+    "--kafka-option",
+    "--kafka-sasl-mechanism",
+    "--kafka-sasl-password",
+    "--kafka-sasl-username",
+    "--kafka-security-protocol",
+    "--kafka-ssl-cafile",
+    "--kafka-ssl-certfile",
+    "--kafka-ssl-keyfile",
+}
+
 # command -> the flags its --help lists (for the Beam jobs: the job's own
 # flags; Beam's are checked by name below).
 COMMANDS: dict[str, set[str]] = {
@@ -39,16 +53,6 @@ COMMANDS: dict[str, set[str]] = {
         "--worker-threads",
         "--tune-allocator",
         "--no-tune-allocator",
-        "--kafka-bootstrap",
-        "--kafka-config",
-        "--kafka-option",
-        "--kafka-sasl-mechanism",
-        "--kafka-sasl-password",
-        "--kafka-sasl-username",
-        "--kafka-security-protocol",
-        "--kafka-ssl-cafile",
-        "--kafka-ssl-certfile",
-        "--kafka-ssl-keyfile",
         "--allowed-lateness-ms",
         "--out-of-orderness-ms",
         "--release-granularity-ms",
@@ -60,7 +64,8 @@ COMMANDS: dict[str, set[str]] = {
         "--feast-state-dir",
         "--feast-project",
         "--freshness-jsonl",
-    },
+    }
+    | KAFKA_FLAGS,
     "pipelines.generate": {
         "--users",
         "--ads",
@@ -76,17 +81,8 @@ COMMANDS: dict[str, set[str]] = {
         "--topic",
         "--partitions",
         "--rate",
-        "--kafka-bootstrap",
-        "--kafka-config",
-        "--kafka-option",
-        "--kafka-sasl-mechanism",
-        "--kafka-sasl-password",
-        "--kafka-sasl-username",
-        "--kafka-security-protocol",
-        "--kafka-ssl-cafile",
-        "--kafka-ssl-certfile",
-        "--kafka-ssl-keyfile",
-    },
+    }
+    | KAFKA_FLAGS,
     "pipelines.movielens": {"--source", "--output", "--overwrite"},
     "pipelines.reference": {"--input", "--output", "--now-ms", "--overwrite"},
     "pipelines.bayes": {"--input", "--json"},
@@ -106,17 +102,8 @@ COMMANDS: dict[str, set[str]] = {
         "--max-click-ne",
         "--min-click-auc",
         "--require-learning",
-        "--kafka-bootstrap",
-        "--kafka-config",
-        "--kafka-option",
-        "--kafka-security-protocol",
-        "--kafka-sasl-mechanism",
-        "--kafka-sasl-username",
-        "--kafka-sasl-password",
-        "--kafka-ssl-cafile",
-        "--kafka-ssl-certfile",
-        "--kafka-ssl-keyfile",
-    },
+    }
+    | KAFKA_FLAGS,
     "benchmarks.fuzz_decoders": {
         "--target",
         "--runs",
@@ -189,17 +176,8 @@ COMMANDS: dict[str, set[str]] = {
         "--embedding-lr",
         "--min-sharded-rows",
         "--threads",
-        "--kafka-bootstrap",
-        "--kafka-config",
-        "--kafka-option",
-        "--kafka-security-protocol",
-        "--kafka-sasl-mechanism",
-        "--kafka-sasl-username",
-        "--kafka-sasl-password",
-        "--kafka-ssl-cafile",
-        "--kafka-ssl-certfile",
-        "--kafka-ssl-keyfile",
-    },
+    }
+    | KAFKA_FLAGS,
     "trainer.distill": {
         "--examples",
         "--eval",
@@ -242,17 +220,8 @@ COMMANDS: dict[str, set[str]] = {
         "--start-fresh",
         "--prometheus-port",
         "--metrics-address",
-        "--kafka-bootstrap",
-        "--kafka-config",
-        "--kafka-option",
-        "--kafka-security-protocol",
-        "--kafka-sasl-mechanism",
-        "--kafka-sasl-username",
-        "--kafka-sasl-password",
-        "--kafka-ssl-cafile",
-        "--kafka-ssl-certfile",
-        "--kafka-ssl-keyfile",
-    },
+    }
+    | KAFKA_FLAGS,
     "trainer.distill.teacher_outputs": {
         "--examples",
         "--teacher",
@@ -272,17 +241,8 @@ COMMANDS: dict[str, set[str]] = {
         "--partitions",
         "--threads",
         "--start-fresh",
-        "--kafka-bootstrap",
-        "--kafka-config",
-        "--kafka-option",
-        "--kafka-security-protocol",
-        "--kafka-sasl-mechanism",
-        "--kafka-sasl-username",
-        "--kafka-sasl-password",
-        "--kafka-ssl-cafile",
-        "--kafka-ssl-certfile",
-        "--kafka-ssl-keyfile",
-    },
+    }
+    | KAFKA_FLAGS,
 }
 
 _FLAG = re.compile(r"(?<![\w-])(--[a-z][a-z0-9_-]*)")
