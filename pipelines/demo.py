@@ -294,8 +294,11 @@ def _train_step(
         "--group", f"gem-demo-trainer-{int(time.time())}",
         "--checkpoint-dir", str(checkpoints),
         "--model", "gem", "--preset", args.preset,
-        "--lr", str(args.lr), "--seed", "0", "--threads", "1",
-        "--embedding-optimizer", "adam",
+        # The feature job is done: both cores are the trainer's.
+        "--lr", str(args.lr), "--seed", "0", "--threads", "2",
+        # Adagrad for the id tables: in one pass most rows see few examples,
+        # and Adagrad's larger per-row steps learn them from fewer than Adam.
+        "--embedding-optimizer", "adagrad", "--embedding-lr", "0.05",
         "--prior-click-rate", "0.02", "--prior-conversion-rate", "0.002",
         "--window-examples", str(args.window_examples),
         # A default-preset checkpoint is ~200 MB, seconds to write on this
@@ -372,7 +375,7 @@ def _distill_step(output: Path) -> dict[str, bool]:
         "--examples", str(output / "features"),
         "--teacher", str(output / "checkpoints"),
         "--teacher-outputs", str(out_dir / "teacher_outputs"),
-        "--student", "dlrm_small", "--methods", "full",
+        "--student", "dlrm_small", "--methods", "full", "--threads", "2",
         "--metrics-out", str(metrics),
     ]  # fmt: skip
     started = time.monotonic()

@@ -171,7 +171,7 @@ def fresh_clone(destination: Path) -> Path:
 def block_environment(clone: Path) -> dict[str, str]:
     """A user's shell in the clone: the venv's ``python`` first on PATH, the
     clone's packages importable by every tool (the editable install of a
-    real clone points at the clone), none of this session's GEM_* or Kafka
+    real clone points at the clone), none of this test process's GEM_* or Kafka
     variables."""
     env = {
         key: value

@@ -100,9 +100,11 @@ from trainer.commands.flags import unreadable
 from trainer.config import ModelConfig
 from trainer.config import preset as preset_config
 from trainer.data import ExampleDataset, event_time_ms
+from trainer.json_report import json_safe
 from trainer.models.base_rate import BaseRateOffset
 from trainer.models.registry import build_model, model_config
 from trainer.models.train import GEMTrain
+from trainer.optimizers import adam
 from trainer.run_config import FitConfig
 from trainer.train_step import (
     collect_predictions,
@@ -152,7 +154,7 @@ def resolved_model_config(
 def make_optimizer(model: nn.Module, cfg: FitConfig) -> torch.optim.Optimizer:
     """Adam for all, or Adam (dense) + Adagrad (embedding tables)."""
     if cfg.optimizer == "adam":
-        return torch.optim.Adam(model.parameters(), lr=cfg.lr)
+        return adam(model.parameters(), lr=cfg.lr)
     if cfg.optimizer != "adam+adagrad":
         raise ValueError(f"unknown optimizer {cfg.optimizer!r}")
     tables = {
@@ -164,7 +166,7 @@ def make_optimizer(model: nn.Module, cfg: FitConfig) -> torch.optim.Optimizer:
     dense = [p for p in model.parameters() if id(p) not in tables]
     sparse = [p for p in model.parameters() if id(p) in tables]
     return _Combined(
-        torch.optim.Adam(dense, lr=cfg.lr),
+        adam(dense, lr=cfg.lr),
         torch.optim.Adagrad(sparse, lr=cfg.embedding_lr),
     )
 
@@ -225,19 +227,6 @@ def base_rate_logits(data: ExampleDataset, smoothing: float = 1.0) -> torch.Tens
         rate = (rows.sum(0) + smoothing) / (rows.shape[0] + 2 * smoothing)
         out[d] = torch.logit(rate).float()
     return out
-
-
-def _clean(value: Any) -> Any:
-    """JSON-safe: NaN → null, Paths and tuples made plain."""
-    if isinstance(value, dict):
-        return {str(k): _clean(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_clean(v) for v in value]
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, Path):
-        return str(value)
-    return value
 
 
 def evaluate_dataset(
@@ -441,7 +430,7 @@ def fit(
             step=step_index,
             trained_until_ms=int(event_time_ms(train.examples).max(initial=0)),
         )
-    return _clean(
+    return json_safe(
         {
             "checkpoint": saved,
             "config": {
@@ -532,7 +521,7 @@ def save_fitted(
             "step": step,
             "offsets": {},
             "trained_until_ms": trained_until_ms,
-            "fit": _clean(dataclasses.asdict(cfg)),
+            "fit": json_safe(dataclasses.asdict(cfg)),
             **model_record(cfg.model, cfg.preset, config),
         },
         keep=1,

@@ -54,6 +54,7 @@ from torch import nn
 
 from trainer.batch import Batch
 from trainer.models.train import GEMTrain
+from trainer.optimizers import adam
 from trainer.train_step import train_step
 
 log = logging.getLogger(__name__)
@@ -233,14 +234,14 @@ class Replicated:
         self._names = {id(p): n for n, p in model.named_parameters()}
         if config.embedding_optimizer == "adam":
             # One Adam over everything: the daemon's original optimizer.
-            self.optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
+            self.optimizer = adam(model.parameters(), lr=config.lr)
             self.table_optimizer = None
             self._params = [p for p in model.parameters() if p.requires_grad]
             return
         tables = table_parameter_names(model)
         dense = [p for n, p in model.named_parameters() if n not in tables]
         self._tables = {n: p for n, p in model.named_parameters() if n in tables}
-        self.optimizer = torch.optim.Adam(dense, lr=config.lr)
+        self.optimizer = adam(dense, lr=config.lr)
         self.table_optimizer = _table_optimizer(list(self._tables.values()), config)
         self._params = [p for p in model.parameters() if p.requires_grad]
 
@@ -447,7 +448,7 @@ class ModelParallel:
         self._replicated_names = [n for n in named if not self._is_sharded(n)]
         self._dp_tables = {n: named[n] for n in self._replicated_names if n in tables}
         dense = [named[n] for n in self._replicated_names if n not in tables]
-        self.optimizer = torch.optim.Adam(dense, lr=config.lr)
+        self.optimizer = adam(dense, lr=config.lr)
         self.table_optimizer = _table_optimizer(list(self._dp_tables.values()), config)
         self._replicated = [named[n] for n in self._replicated_names]
         self.load_full_state({"model": initial}, model_only=True)

@@ -56,6 +56,7 @@ from trainer.distill.student import (
     VerticalStudent,
 )
 from trainer.distill.student_data import StudentBatch, StudentData
+from trainer.optimizers import adam
 
 METHODS: Final = ("standard", "aux", "adapter", "repr", "share")
 FULL: Final = ("aux", "adapter", "repr", "share")
@@ -322,14 +323,14 @@ class StudentTrainer:
         self.student = student
         self.domain_index = domain_index
         self.trainable = [p for p in student.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.Adam(self.trainable, lr=cfg.lr)
+        self.optimizer = adam(self.trainable, lr=cfg.lr)
         self.adapter = (
             StudentAdapter(tracker=make_tracker(cfg))
             if "adapter" in cfg.methods
             else None
         )
         self.adapter_optimizer = (
-            torch.optim.Adam(self.adapter.parameters(), lr=cfg.adapter_lr)
+            adam(self.adapter.parameters(), lr=cfg.adapter_lr)
             if self.adapter is not None
             else None
         )

@@ -1,0 +1,67 @@
+"""The dense optimizer's step: fused Adam against torch's per-tensor loop.
+
+Both update the same parameters (a model preset's, every one with a random
+gradient) in the same process, alternating, so the ratio holds on a noisy
+machine::
+
+    python -m benchmarks.bench_optimizer --preset default --steps 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+from benchmarks.machine import cpu_model
+from trainer.models.registry import build_model
+
+
+def step_seconds(optimizer: torch.optim.Optimizer, steps: int) -> list[float]:
+    """Wall seconds of each of ``steps`` optimizer steps (after one warm-up)."""
+    optimizer.step()
+    times = []
+    for _ in range(steps):
+        started = time.perf_counter()
+        optimizer.step()
+        times.append(time.perf_counter() - started)
+    return times
+
+
+def main(argv: list[str] | None = None) -> dict[str, object]:
+    """Run the comparison and print one JSON line."""
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_optimizer")
+    parser.add_argument("--model", default="gem")
+    parser.add_argument("--preset", default="default")
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    params = list(build_model(args.model, args.preset).parameters())
+    for p in params:
+        p.grad = torch.randn_like(p)
+    loop = torch.optim.Adam(params, lr=1e-3, foreach=False)
+    fused = torch.optim.Adam(params, lr=1e-3, fused=True)
+    loop_times, fused_times = [], []
+    for _ in range(2):  # alternate, so drift hits both alike
+        loop_times += step_seconds(loop, args.steps // 2)
+        fused_times += step_seconds(fused, args.steps // 2)
+    loop_s, fused_s = statistics.median(loop_times), statistics.median(fused_times)
+    report = {
+        "machine": f"{cpu_model()}, {torch.get_num_threads()} thread(s)",
+        "model": f"{args.model}/{args.preset}",
+        "parameters": sum(p.numel() for p in params),
+        "per_tensor_loop_s": round(loop_s, 4),
+        "fused_s": round(fused_s, 4),
+        "speedup": round(loop_s / fused_s, 2),
+    }
+    print(json.dumps(report))
+    return report
+
+
+if __name__ == "__main__":
+    main()
