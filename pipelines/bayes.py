@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from features import vocab
 from features.cli import CommandError, CommandParser, run_command
+from features.json_report import json_safe
 
 if TYPE_CHECKING:
     import numpy as np
@@ -123,15 +124,6 @@ def format_report(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _json_safe(value: Any) -> Any:
-    """NaN becomes null (strict JSON has no NaN)."""
-    if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
-
-
 def pooled_click(by_domain: dict[str, dict[str, Any]]) -> dict[str, float]:
     """One click figure over every domain, from per-domain slices alone.
 
@@ -194,7 +186,7 @@ def _print_report(args: argparse.Namespace) -> int:
         )
     report = bayes_optimal_report(args.input)
     if args.json:
-        json.dump(_json_safe(report), sys.stdout, indent=2, allow_nan=False)
+        json.dump(json_safe(report), sys.stdout, indent=2, allow_nan=False)
         sys.stdout.write("\n")
     else:
         print(format_report(report))

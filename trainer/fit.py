@@ -91,6 +91,7 @@ import torch
 from torch import nn
 
 from features.cli import progress
+from features.json_report import json_safe
 from features.metrics import binary_metrics
 from features.vocab import DOMAINS, TRAINING_OBJECTIVES
 from trainer.calibration import calibration_shifts
@@ -100,7 +101,6 @@ from trainer.commands.flags import unreadable
 from trainer.config import ModelConfig
 from trainer.config import preset as preset_config
 from trainer.data import ExampleDataset, event_time_ms
-from trainer.json_report import json_safe
 from trainer.models.base_rate import BaseRateOffset
 from trainer.models.registry import build_model, model_config
 from trainer.models.train import GEMTrain

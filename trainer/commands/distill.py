@@ -150,6 +150,7 @@ def run(args: argparse.Namespace) -> int:
         feature_dir("--eval", args.eval)
     import torch
 
+    from features.json_report import json_safe
     from trainer.checkpoint import read_model_checkpoint
     from trainer.distill.run import (
         combined_outputs,
@@ -159,7 +160,6 @@ def run(args: argparse.Namespace) -> int:
         staleness_summary,
     )
     from trainer.distill.train import DistillConfig, parse_methods
-    from trainer.json_report import json_safe
 
     try:
         methods = parse_methods(args.methods)

@@ -1,4 +1,4 @@
-"""Reports as JSON: the commands' metrics files hold plain values only."""
+"""Reports as JSON: the commands' reports hold plain values only."""
 
 from __future__ import annotations
 
