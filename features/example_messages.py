@@ -26,8 +26,11 @@ many events (the minimum of its own length and the producer's).
 
 Kafka record: key = the user shard (so one user's examples stay in order in
 one partition), headers ``schema-version`` (the contract's
-:data:`~features.events.SCHEMA_VERSION`, which the tables follow) and
-``content-type`` (:func:`message_headers`). Decoding never raises on bad
+:data:`~features.events.SCHEMA_VERSION`, which the tables follow),
+``content-type`` and ``event-time-ms``, the earliest impression time of the
+message's examples (epoch ms, decimal), which a consumer reading several
+partitions merges them by without decoding a body (:func:`message_headers`,
+:func:`header_event_time`). Decoding never raises on bad
 input: a garbage, truncated, corrupted or foreign message comes back with a
 reason for the dead-letter record (:func:`decode_example_message`).
 """
@@ -40,6 +43,7 @@ from dataclasses import dataclass
 from typing import Final
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from features.events import SCHEMA_VERSION
 from features.examples import TIMELINE_SEGMENT_SCHEMA, training_example_schema
@@ -50,6 +54,7 @@ MESSAGE_VERSION: Final = 2
 CONTENT_TYPE: Final = "application/vnd.gem.examples+arrow"
 SCHEMA_HEADER: Final = "schema-version"
 CONTENT_TYPE_HEADER: Final = "content-type"
+EVENT_TIME_HEADER: Final = "event-time-ms"
 
 _PREFIX: Final = struct.Struct("<4sHQ")
 _CHECKSUM: Final = struct.Struct("<I")
@@ -82,12 +87,29 @@ class DecodedMessage:
         return self.reason is None
 
 
-def message_headers() -> list[tuple[str, bytes]]:
-    """The Kafka headers every example message carries."""
-    return [
+def message_headers(examples: pa.Table | None = None) -> list[tuple[str, bytes]]:
+    """The Kafka headers of an example message; with its ``examples``, also
+    their earliest impression time (``event-time-ms``)."""
+    headers = [
         (SCHEMA_HEADER, str(SCHEMA_VERSION).encode()),
         (CONTENT_TYPE_HEADER, CONTENT_TYPE.encode()),
     ]
+    if examples is not None and examples.num_rows:
+        earliest = pc.min(examples.column("event_time").cast(pa.int64())).as_py()
+        headers.append((EVENT_TIME_HEADER, str(earliest).encode()))
+    return headers
+
+
+def header_event_time(headers: list[tuple[str, bytes]] | None) -> int | None:
+    """The ``event-time-ms`` header as epoch ms; None when absent or not an
+    integer (a message from a producer that does not stamp it)."""
+    for key, value in headers or ():
+        if key == EVENT_TIME_HEADER:
+            try:
+                return int(value.decode("ascii"))
+            except (AttributeError, UnicodeDecodeError, ValueError):
+                return None
+    return None
 
 
 def _stream(table: pa.Table) -> bytes:

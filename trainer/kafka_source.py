@@ -38,6 +38,22 @@ for room in a full queue), because a backlogged partition's fetch responses
 are read late. So the lag, end offset minus the next offset to train, costs
 nothing per step and can be read at any moment, e.g. when Prometheus scrapes.
 
+Order across partitions: the topic's partitions are user shards, each in
+event-time order, so reading them one after another would train on one
+shard's whole history before the next one's. Fetched records are held per
+partition and queued earliest ``event-time-ms`` header first (a record
+without one goes at once), the merge a Kafka Streams task does. A partition
+whose held records are used up holds the others back while it has records
+on the broker not yet fetched (its position is short of its high watermark),
+for at most ``ALIGN_WAIT_S``; a partition that is caught up holds nothing
+back, so a live stream pays no latency. The records held are what the
+client had fetched anyway (one fetch response per partition, it fetches a
+partition again only once its last response is used up); past
+``MAX_HELD_BYTES`` the merge stops waiting, which bounds the memory. Pausing
+full partitions would bound it tighter, but kafka-python 3.0 can leave a
+partition paused in the middle of a fetch response unfetched after it is
+resumed.
+
 Outages: a failing poll, or a failing liveness probe while no records come,
 is retried with exponential backoff and logged; the idle clock (used to
 decide "drained") restarts when the broker is back, so an outage longer
@@ -50,13 +66,14 @@ import logging
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
 from features.deadletter import DeadLetter
-from features.example_messages import decode_example_message
+from features.example_messages import decode_example_message, header_event_time
 from features.kafka.settings import MAX_MESSAGE_BYTES, KafkaSettings
 from features.kafka.topics import RECORD_OVERHEAD_BYTES
 from trainer.batch import Batch
@@ -70,6 +87,11 @@ PROBE_TIMEOUT_MS: Final = 1500
 MAX_BACKOFF_S: Final = 30.0
 FENCE_TIMEOUT_S: Final = 10.0
 MAX_REASON_CHARS: Final = 2000
+ALIGN_WAIT_S: Final = 1.0
+MAX_HELD_BYTES: Final = 4 * MAX_MESSAGE_BYTES
+"""Held records past this are queued without waiting for other partitions."""
+UNSTAMPED: Final = -(2**63)
+"""The merge key of a record without ``event-time-ms``: it is queued first."""
 
 
 @dataclass(frozen=True)
@@ -146,6 +168,9 @@ class KafkaSource:
         self.dead_letter = dead_letter or f"{topic}.dead-letter"
         self.poll_ms = poll_ms
         self.dead_letters = 0
+        # Times the cross-partition merge held records back for a partition
+        # with records not fetched yet (module docstring).
+        self.merge_waits = 0
         self._queue: queue.Queue[Item] = queue.Queue(maxsize=queue_size)
         self._next: dict[int, int] = dict(offsets or {})
         self._lock = threading.Condition()
@@ -168,6 +193,13 @@ class KafkaSource:
         # join, and every rebalance: meanwhile nothing is fetched, so idle).
         self._joined = False
         self._error: BaseException | None = None
+        # Consumer thread only: fetched records not yet queued, per partition,
+        # as (event time, record); when the merge began waiting on a
+        # partition with unfetched records; how many records (and bytes)
+        # are held.
+        self._held: dict[int, deque[tuple[int, Any]]] = {}
+        self._waiting_since: float | None = None
+        self._held_count = self._held_bytes = 0
         self._thread = threading.Thread(
             target=self._run, name="kafka-source", daemon=True
         )
@@ -243,6 +275,7 @@ class KafkaSource:
             and self._reachable
             and now - self._last_contact < 2 * PROBE_EVERY_S
             and self._queue.empty()
+            and self._held_count == 0
             and now - self._last_activity > idle_seconds
         )
 
@@ -289,6 +322,7 @@ class KafkaSource:
                     source._assigned = set()
                     source._ends, source._starts = {}, {}
                     source._joined = False
+                source._drop_held()
                 source._fence()  # a record taken before the bump may be mid-step
 
             def on_partitions_assigned(self, assigned: Any) -> None:
@@ -298,6 +332,7 @@ class KafkaSource:
                     source._joined = True
                     source._last_activity = time.monotonic()  # idle counts from here
                     known = dict(source._next)
+                source._drop_held()
                 for tp in assigned:
                     if tp.partition in known:
                         consumer.seek(tp, known[tp.partition])
@@ -363,10 +398,10 @@ class KafkaSource:
                     self._reachable = True
                     self._last_activity = time.monotonic()  # restart the idle clock
                 backoff = 0.5
-                for tp, messages in records.items():
-                    for message in messages:
-                        self._last_activity = time.monotonic()
-                        self._put(self._decode(tp.partition, message), consumer)
+                if records:
+                    self._last_activity = time.monotonic()
+                self._hold(records)
+                self._release(consumer)
         finally:
             try:
                 self._flush_commit(consumer)  # a clean exit's last checkpoint
@@ -375,6 +410,57 @@ class KafkaSource:
             consumer.close(autocommit=False)
             if hasattr(self, "_producer"):
                 self._producer.close()
+
+    def _hold(self, records: dict[Any, list[Any]]) -> None:
+        for tp, messages in records.items():
+            held = self._held.setdefault(tp.partition, deque())
+            for message in messages:
+                stamp = header_event_time(message.headers)
+                held.append((UNSTAMPED if stamp is None else stamp, message))
+                self._held_bytes += len(message.value or b"")
+            self._held_count += len(messages)
+
+    def _drop_held(self) -> None:
+        """Forget held records: after a rebalance their partitions are re-read
+        from the offset map (or belong to another rank)."""
+        self._held, self._waiting_since = {}, None
+        self._held_count = self._held_bytes = 0
+
+    def _release(self, consumer: Any) -> None:
+        """Queue held records, earliest event time first (module docstring)."""
+        while self._held_count and not self._closing.is_set():
+            heads = {p: held[0][0] for p, held in self._held.items() if held}
+            if self._held_bytes < MAX_HELD_BYTES and self._unfetched_elsewhere(
+                consumer, heads
+            ):
+                now = time.monotonic()
+                if self._waiting_since is None:
+                    self._waiting_since = now
+                    self.merge_waits += 1
+                if now - self._waiting_since < ALIGN_WAIT_S:
+                    break
+            else:
+                self._waiting_since = None
+            partition = min(heads, key=heads.__getitem__)
+            _, message = self._held[partition].popleft()
+            self._held_count -= 1
+            self._last_activity = time.monotonic()
+            self._held_bytes -= len(message.value or b"")
+            self._put(self._decode(partition, message), consumer)
+
+    def _unfetched_elsewhere(self, consumer: Any, heads: dict[int, int]) -> bool:
+        """Whether an assigned partition with nothing held has records on the
+        broker not fetched yet (or has not been fetched from at all)."""
+        for tp in consumer.assignment():
+            if tp.partition in heads:
+                continue
+            end = consumer.highwater(tp)
+            if end is None:
+                return True
+            position = consumer.position(tp, timeout_ms=0)
+            if position is not None and position < end:
+                return True
+        return False
 
     def _note_ends(self, consumer: Any) -> None:
         """Cache each assigned partition's end offset (and, until a record

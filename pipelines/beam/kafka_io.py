@@ -208,7 +208,7 @@ class PublishShardFn(beam.DoFn):  # type: ignore[misc]
                 value=encode_example_message(
                     chunk, segments, max_seq_len=self._max_seq_len
                 ),
-                headers=message_headers(),
+                headers=message_headers(chunk),
             )
             self.messages.inc()
             self.examples.inc(chunk.num_rows)

@@ -104,7 +104,7 @@ class PublishExampleMessagesFn(beam.DoFn):  # type: ignore[misc]
             value=encode_example_message(
                 examples, segments, max_seq_len=self._max_seq_len
             ),
-            headers=message_headers(),
+            headers=message_headers(examples),
         )
         self._sent.extend(examples.column("example_id").to_pylist())
         self.messages.inc()
