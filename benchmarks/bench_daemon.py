@@ -13,8 +13,9 @@ measures, in this one process and on the same topic:
    (tiny GEM preset, progressive validation, checkpoints every 50 steps).
    Throughput is examples/s between the first and last log record (start-up,
    group join and the final idle wait excluded). Peer: the same messages
-   decoded up front, then the same eval-then-train loop in a plain Python
-   loop (no Kafka, no thread, no checkpoints). Ratio = daemon / peer.
+   decoded up front, then the same train loop (each batch scored by its
+   step's forward) in a plain Python loop (no Kafka, no thread, no
+   checkpoints). Ratio = daemon / peer.
 2. **decode path alone**: kafka-python consumes the topic from the beginning
    (partitions assigned, no group) and turns every message into a
    :class:`~trainer.batch.Batch` (``decode_example_message`` + ``make_batch``,
@@ -31,7 +32,7 @@ measures, in this one process and on the same topic:
    timestamps (resume, partition assignment) plus, measured apart,
    interpreter + imports (a ``python -c "import trainer.daemon"`` child),
    the checkpoint load (``load_latest``), the model build and the first and
-   second eval + train step of a fresh model on one message (in this process).
+   second train step of a fresh model on one message (in this process).
 
 ``--mode sharding`` measures instead: 2 ranks under ``torchrun`` (gloo, 1
 thread each) on the same topic, once with ``--sharding replicated`` and once
@@ -79,7 +80,7 @@ from trainer.inputs import make_batch
 from trainer.models.registry import build_model, model_config
 from trainer.models.train import GEMTrain
 from trainer.progressive import ProgressiveMetrics
-from trainer.train_step import eval_step, train_step
+from trainer.train_step import scored, train_step
 
 MAX_LEN = 4096
 TOPIC = "examples"
@@ -270,7 +271,8 @@ def restart_to_first_step(
     t = time.perf_counter()
     model = GEMTrain(build_model("gem", preset))
     build = time.perf_counter() - t
-    # The first eval + train step of a fresh model, then a second one.
+    # The first train step of a fresh model (scoring from its forward, as
+    # the daemon's progressive validation does), then a second one.
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     decoded = decode_example_message(value)
     window = min(
@@ -280,8 +282,7 @@ def restart_to_first_step(
     steps = []
     for _ in range(2):
         t = time.perf_counter()
-        eval_step(model, batch)
-        train_step(model, batch, optimizer)
+        scored(train_step(model, batch, optimizer).logits, batch)
         steps.append(time.perf_counter() - t)
 
     total = record["time"] - start
@@ -426,7 +427,8 @@ def main() -> int:
         )
         return 0
 
-    # Peer: decode everything first, then eval + train in a plain loop.
+    # Peer: decode everything first, then train in a plain loop, each batch
+    # scored by its step's forward (the daemon's progressive validation).
     batches = []
     for value in values:
         decoded = decode_example_message(value)
@@ -439,8 +441,7 @@ def main() -> int:
     metrics = ProgressiveMetrics()
     started = time.perf_counter()
     for batch in batches:
-        metrics.update(eval_step(model, batch))
-        train_step(model, batch, optimizer)
+        metrics.update(scored(train_step(model, batch, optimizer).logits, batch))
     peer = sum(b.size for b in batches) / (time.perf_counter() - started)
 
     from kafka import KafkaProducer

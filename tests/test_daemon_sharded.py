@@ -301,3 +301,28 @@ def test_sharded_daemon_sigkill_restart_exactly_once(
 
 if __name__ == "__main__":
     worker(Path(sys.argv[1]))
+
+
+@pytest.mark.parametrize("embedding_optimizer", ["adam", "adagrad"])
+@pytest.mark.parametrize("name", ["gem", "gem_no_seq", "dlrm", "dcnv2"])
+def test_a_step_scores_its_batch_as_an_eval_forward_before_it_would(
+    name: str, embedding_optimizer: str
+) -> None:
+    """The daemon's progressive metrics come from the step's own forward:
+    equal to scoring the batch in eval mode just before the step."""
+    from trainer.models.registry import build_model
+    from trainer.models.train import GEMTrain
+    from trainer.sharding import OptimizerConfig, Replicated
+    from trainer.train_step import eval_step, scored
+
+    torch.manual_seed(0)
+    model = GEMTrain(build_model(name, "tiny"))
+    strategy = Replicated(
+        model, OptimizerConfig(embedding_optimizer=embedding_optimizer)
+    )
+    for start in (0, 40):  # the second step's weights are trained ones
+        batch = _batch(start, 40)
+        before = eval_step(model, batch)
+        result = strategy.step(batch, batch.size, batch.size)
+        assert result.logits is not None
+        torch.testing.assert_close(scored(result.logits, batch).probs, before.probs)

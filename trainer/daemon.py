@@ -10,10 +10,11 @@
 daemon trains from the cluster the feature job publishes into.
 
 Loop, per iteration: take one decoded message (a batch) from this rank's
-partitions → all-gather who has what → score before training (progressive
-validation) → one step → mark offsets → checkpoint every N steps. Exactly
-once: model, optimizer, RNG, metrics and next offsets are one atomic
-checkpoint; a restart seeks to those offsets (:mod:`trainer.kafka_source`).
+partitions → all-gather who has what → one step, whose forward (before the
+update) scores the batch for progressive validation → mark offsets →
+checkpoint every N steps. Exactly once: model, optimizer, RNG, metrics and
+next offsets are one atomic checkpoint; a restart seeks to those offsets
+(:mod:`trainer.kafka_source`).
 Checkpoints are verified on load (:mod:`trainer.checkpoint`): a corrupt one
 is set aside and the previous one used; when checkpoint files exist but none
 verifies, the daemon exits 2 with one line saying what to do, unless
@@ -107,7 +108,7 @@ from trainer.sharding import (
     build_strategy,
     resolve_embedding_optimizer,
 )
-from trainer.train_step import eval_step
+from trainer.train_step import scored
 
 log = logging.getLogger("trainer.daemon")
 APPLIED_LOG_ENV = "GEM_DAEMON_APPLIED_LOG"
@@ -410,15 +411,16 @@ def run(config: DaemonConfig, settings: KafkaSettings) -> dict[str, Any]:
                     lender = next(i for i, r in enumerate(everyone) if r[HAS_BATCH])
                     borrowed = borrow_batch(mine_batch, lender)
                     idle_batch = idle_batch if idle_batch is not None else borrowed
-                if mine_batch is not None:  # score before training
-                    metrics.update(eval_step(strategy.train_model, mine_batch))
-                elif sharded:  # the tables' all-to-alls need every rank
-                    eval_step(strategy.train_model, idle_batch)
-                loss = strategy.step(
+                result = strategy.step(
                     mine_batch if mine_batch is not None else idle_batch,
                     int(mine[EXAMPLES]) if mine_batch is not None else 0,
                     total,
                 )
+                loss = result.loss
+                if mine_batch is not None and result.logits is not None:
+                    # Progressive validation: the step's forward ran before
+                    # its update, and the models have no train-only layers.
+                    metrics.update(scored(result.logits, mine_batch))
                 step += 1
                 examples += total
             for r in everyone:

@@ -46,7 +46,7 @@ import copy
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Final, Literal, Protocol
+from typing import Any, Final, Literal, NamedTuple, Protocol
 
 import torch
 import torch.distributed as dist
@@ -189,6 +189,14 @@ def _load_sum_state(
             optimizer.state[p]["sum"].copy_(sums[name])
 
 
+class Stepped(NamedTuple):
+    """A step's loss and its forward's logits (B, NUM_DOMAINS, O), made
+    before the update, detached; ``logits`` is None where no forward ran."""
+
+    loss: torch.Tensor
+    logits: torch.Tensor | None
+
+
 class Strategy(Protocol):
     """What the daemon needs from a placement strategy."""
 
@@ -196,7 +204,7 @@ class Strategy(Protocol):
     train_model: GEMTrain  # the unwrapped GEMTrain (for eval_step)
     sharding: Sharding
 
-    def step(self, batch: Batch, examples: int, total_examples: int) -> torch.Tensor:
+    def step(self, batch: Batch, examples: int, total_examples: int) -> Stepped:
         """One step; ``examples`` = 0 marks a rank without a batch."""
         ...
 
@@ -245,24 +253,26 @@ class Replicated:
         self.table_optimizer = _table_optimizer(list(self._tables.values()), config)
         self._params = [p for p in model.parameters() if p.requires_grad]
 
-    def step(self, batch: Batch, examples: int, total_examples: int) -> torch.Tensor:
+    def step(self, batch: Batch, examples: int, total_examples: int) -> Stepped:
         """Forward, backward, example-weighted all-reduce, optimizer steps."""
         single = not dist.is_initialized() or dist.get_world_size() == 1
         if single and self.table_optimizer is None:
-            return train_step(self.model, batch, self.optimizer).loss
+            out = train_step(self.model, batch, self.optimizer)
+            return Stepped(out.loss, out.logits)
         self.optimizer.zero_grad(set_to_none=False)
         if self.table_optimizer is not None:
             self.table_optimizer.zero_grad(set_to_none=False)
-        loss = torch.zeros(())
+        loss, logits = torch.zeros(()), None
         if examples:
             self.model.train()
-            loss, _ = self.model(batch)
+            loss, outputs = self.model(batch)
+            logits = outputs.logits.detach()
             (loss * examples).backward()  # example-weighted: Σ_r n_r g_r / N
         _weighted_allreduce(self._params, total_examples)
         self.optimizer.step()
         if self.table_optimizer is not None:
             self.table_optimizer.step()
-        return loss.detach()
+        return Stepped(loss.detach(), logits)
 
     def full_state(self) -> dict[str, Any]:
         """``model``, ``optimizer`` (Adam's own format) and the tables' state."""
@@ -456,7 +466,7 @@ class ModelParallel:
     def _is_sharded(self, name: str) -> bool:
         return any(name.startswith(prefix) for prefix in self._sharded_prefixes)
 
-    def step(self, batch: Batch, examples: int, total_examples: int) -> torch.Tensor:
+    def step(self, batch: Batch, examples: int, total_examples: int) -> Stepped:
         """Every rank runs forward and backward (the table all-to-alls are
         collectives); a rank without a batch runs a borrowed one with weight 0.
         The sharded tables receive Σ_r (n_r/N) g_r through the all-to-all and
@@ -466,13 +476,14 @@ class ModelParallel:
         if self.table_optimizer is not None:
             self.table_optimizer.zero_grad(set_to_none=False)
         self.model.train()
-        loss, _ = self.model(batch)
+        loss, outputs = self.model(batch)
+        logits = outputs.logits.detach()
         (loss * (examples / total_examples)).backward()
         _weighted_allreduce(self._replicated, 1)
         self.optimizer.step()
         if self.table_optimizer is not None:
             self.table_optimizer.step()
-        return loss.detach()
+        return Stepped(loss.detach(), logits)
 
     def _fused_state(self) -> dict[str, Any]:
         """This rank's tables' fused Adagrad sums (ShardedTensors), by weight name.

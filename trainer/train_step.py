@@ -129,9 +129,15 @@ def eval_step(model: nn.Module, batch: Batch) -> EvalOutput:
     bare.eval()
     logits = bare(mark_dynamic_batch(batch))
     bare.train(was_training)
+    return scored(logits, batch)
+
+
+def scored(logits: torch.Tensor, batch: Batch) -> EvalOutput:
+    """``batch`` scored by ``logits`` (B, NUM_DOMAINS, O): own-domain
+    probabilities beside the labels, detached."""
     # float32 before the sigmoid: under bf16 autocast a probability of 1e-2
     # would keep only ~3 significant digits, visible in NE and calibration.
-    probs = torch.sigmoid(own_domain(logits, batch.domain).float())
+    probs = torch.sigmoid(own_domain(logits.detach(), batch.domain).float())
     return EvalOutput(probs, batch.labels, batch.domain)
 
 
