@@ -1,0 +1,122 @@
+"""Progressive validation's cost per training step: scoring each batch with a
+second, eval-mode forward against reading the scores off the step's own
+forward (what the trainer daemon does).
+
+Both loops train a fresh copy of the same model (same seed) on the same
+batches in the same process, alternating in rounds, so the ratio holds on a
+noisy machine; both feed the same :class:`~trainer.progressive.ProgressiveMetrics`::
+
+    python -m benchmarks.bench_progressive --preset default --steps 40 --threads 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+from benchmarks.machine import cpu_model
+from features.windows import timeline_segments
+from pipelines.reference import build_reference
+from pipelines.synthetic import GeneratorConfig, generate, validation_now_ms
+from pipelines.synthetic.world import ads_table, contents_table, users_table
+from trainer.batch import Batch
+from trainer.inputs import make_batch
+from trainer.models.registry import build_model
+from trainer.models.train import GEMTrain
+from trainer.optimizers import adam
+from trainer.progressive import ProgressiveMetrics
+from trainer.train_step import eval_step, scored, train_step
+
+
+def batches(count: int, size: int, max_seq_len: int) -> list[Batch]:
+    """``count`` batches of ``size`` generated examples each."""
+    config = GeneratorConfig(users=600, ads=80, days=3, seed=3)
+    g = generate(config)
+    ref = build_reference(
+        g.events, users_table(g.world.users), ads_table(g.world.ads),
+        contents_table(g.world.contents), now_ms=validation_now_ms(config),
+    )  # fmt: skip
+    rows = ref.examples.num_rows - size
+    out = []
+    for i in range(count):
+        chunk = ref.examples.slice((i * size) % rows, size)
+        segments = timeline_segments(chunk, ref.timelines, max_seq_len)
+        out.append(make_batch(chunk, segments, max_seq_len=max_seq_len))
+    return out
+
+
+def two_forwards(model: GEMTrain, opt: torch.optim.Optimizer, b: Batch) -> object:
+    """Score in eval mode, then train."""
+    scores = eval_step(model, b)
+    train_step(model, b, opt)
+    return scores
+
+
+def one_forward(model: GEMTrain, opt: torch.optim.Optimizer, b: Batch) -> object:
+    """Train; the scores are the step's forward's."""
+    return scored(train_step(model, b, opt).logits, b)
+
+
+def step_seconds(
+    loop: Callable[[GEMTrain, torch.optim.Optimizer, Batch], object],
+    model: GEMTrain,
+    optimizer: torch.optim.Optimizer,
+    metrics: ProgressiveMetrics,
+    work: list[Batch],
+) -> list[float]:
+    times = []
+    for b in work:
+        started = time.perf_counter()
+        metrics.update(loop(model, optimizer, b))  # type: ignore[arg-type]
+        times.append(time.perf_counter() - started)
+    return times
+
+
+def main(argv: list[str] | None = None) -> dict[str, object]:
+    """Run the comparison and print one JSON line."""
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_progressive")
+    parser.add_argument("--model", default="gem")
+    parser.add_argument("--preset", default="default")
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--max-seq-len", type=int, default=32)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    work = batches(args.steps + 2, args.batch_size, args.max_seq_len)
+    runs = {}
+    for name in ("two_forwards", "one_forward"):
+        torch.manual_seed(0)
+        model = GEMTrain(build_model(args.model, args.preset))
+        runs[name] = (model, adam(model.parameters(), lr=1e-3), ProgressiveMetrics())
+    loops = {"two_forwards": two_forwards, "one_forward": one_forward}
+    times: dict[str, list[float]] = {name: [] for name in loops}
+    for name, loop in loops.items():  # warm-up: first steps allocate
+        step_seconds(loop, *runs[name], work[:2])
+    rounds = 4
+    per_round = args.steps // rounds
+    for r in range(rounds):  # alternate, so drift hits both alike
+        chunk = work[2 + r * per_round : 2 + (r + 1) * per_round]
+        for name, loop in loops.items():
+            times[name] += step_seconds(loop, *runs[name], chunk)
+    two_s = statistics.median(times["two_forwards"])
+    one_s = statistics.median(times["one_forward"])
+    report = {
+        "machine": f"{cpu_model()}, {torch.get_num_threads()} thread(s)",
+        "model": f"{args.model}/{args.preset}",
+        "batch": f"{args.batch_size} examples, histories up to {args.max_seq_len}",
+        "eval_forward_then_step_s": round(two_s, 4),
+        "step_scores_s": round(one_s, 4),
+        "speedup": round(two_s / one_s, 2),
+    }
+    print(json.dumps(report))
+    return report
+
+
+if __name__ == "__main__":
+    main()
