@@ -201,7 +201,6 @@ class Strategy(Protocol):
     """What the daemon needs from a placement strategy."""
 
     model: nn.Module  # callable batch → (loss, outputs), on every rank
-    train_model: GEMTrain  # the unwrapped GEMTrain (for eval_step)
     sharding: Sharding
 
     def step(self, batch: Batch, examples: int, total_examples: int) -> Stepped:
@@ -237,7 +236,6 @@ class Replicated:
 
     def __init__(self, model: GEMTrain, config: OptimizerConfig) -> None:
         self.model = model
-        self.train_model = model
         self.config = config
         self._names = {id(p): n for n, p in model.named_parameters()}
         if config.embedding_optimizer == "adam":
@@ -445,7 +443,6 @@ class ModelParallel:
             ],
             data_parallel_wrapper=_NoDataParallelWrapper(),  # type: ignore[arg-type]
         )
-        self.train_model = self.model.module
         # Which parameters each rank owns a piece of vs. holds a copy of.
         self._sharded_prefixes = {
             f"{path}.{kind}.{table}."
