@@ -63,7 +63,7 @@ else:
     import shutil
     from pathlib import Path
     from pipelines import reference
-    from pipelines.beam.memory import reuse_freed_memory
+    from features.memory import reuse_freed_memory
     reuse_freed_memory()  # as reference.main() does
     for part in reference.OUTPUT_PARTS:
         path = Path(out) / part

@@ -4,8 +4,10 @@
 here: the vocabularies (:mod:`features.vocab`), the raw event
 (:mod:`features.events`), the dimension tables (:mod:`features.dimensions`),
 the model's features (:mod:`features.registry`), training examples and
-timelines (:mod:`features.examples`), quality metrics (:mod:`features.metrics`)
-and the Kafka settings and embedded broker (:mod:`features.kafka`).
+timelines (:mod:`features.examples`), quality metrics (:mod:`features.metrics`),
+the Kafka settings and embedded broker (:mod:`features.kafka`) and the
+allocator settings of processes that churn large arrays
+(:mod:`features.memory`).
 
 This package imports neither torch nor Apache Beam, so every process (a Beam
 worker, the trainer, a Feast repository) can load it cheaply.

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from features.dimensions import AD_SCHEMA, CONTENT_SCHEMA, USER_SCHEMA
 from features.events import encode_event_table, events_from_records
+from features.memory import reuse_freed_memory
 from pipelines.beam.arrow import (
     ArrowTableCoder,
     AsOfIndex,
@@ -39,7 +40,6 @@ from pipelines.beam.kernels import (
     timeline_order,
     write_parquet_bytes,
 )
-from pipelines.beam.memory import reuse_freed_memory
 from pipelines.beam.parallel import PooledDoFn
 from pipelines.beam.timelines import (
     BuildTimelines,

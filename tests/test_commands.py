@@ -184,6 +184,7 @@ COMMANDS: dict[str, set[str]] = {
         "--teacher",
         "--teacher-outputs",
         "--eval-teacher-outputs",
+        "--teacher-max-seq-len",
         "--student",
         "--methods",
         "--domains",

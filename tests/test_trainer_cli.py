@@ -26,6 +26,8 @@ from trainer.commands import distill as distill_command
 from trainer.commands import fit as fit_command
 from trainer.commands import teacher_outputs as teacher_outputs_command
 from trainer.config import PRESETS, config_from_dict, tiny
+from trainer.distill import teacher_outputs
+from trainer.distill.records import read_teacher_outputs
 from trainer.distill.student import STUDENT_PRESETS
 from trainer.distill.teacher import load_teacher
 from trainer.distill.train import DistillConfig
@@ -79,6 +81,10 @@ def test_flag_defaults_are_the_dataclasses() -> None:
     for name in [*distill_command.KNOBS, "epochs", "batch_size", "lr", "seed"]:
         assert getattr(distill_args, name) == getattr(defaults, name), name
     assert distill_args.student == defaults.student
+    outputs_args = teacher_outputs_command.build_parser().parse_args(
+        ["--examples", "e", "--teacher", "t", "--output", "o"]
+    )
+    assert outputs_args.batch_size == teacher_outputs.DEFAULT_BATCH_SIZE
 
 
 def _one_line_error(capsys: pytest.CaptureFixture[str], prog: str) -> str:
@@ -159,6 +165,35 @@ def test_fit_save_then_distill_with_no_preset_flag(
         fitted = report["by_task"][f"facebook/{objective}"]
         assert metric["count"] == fitted["count"]
         assert metric["ne"] == pytest.approx(fitted["ne"], rel=1e-4)
+
+
+def test_distill_teacher_sees_the_history_length_it_is_given(
+    periods: dict[str, Path], tmp_path: Path
+) -> None:
+    ckpt = tmp_path / "teacher"
+    argv = [f"--{name}={path}" for name, path in periods.items()]
+    argv += ["--epochs", "1", "--max-steps-per-epoch", "2", *FAST]
+    argv += ["--metrics-out", str(tmp_path / "fit.json"), "--save", str(ckpt)]
+    assert fit_command.main(argv) == 0
+    examples = str(periods["validation"])
+    distilled = tmp_path / "distilled"
+    distill = [
+        "--examples", examples, "--eval", str(periods["eval"]), "--teacher", str(ckpt),
+        "--teacher-outputs", str(distilled), "--teacher-max-seq-len", "2",
+        "--eval-teacher-outputs", str(tmp_path / "eval_outputs"),
+        "--domains", "facebook", "--metrics-out", str(tmp_path / "distill.json"),
+    ]  # fmt: skip
+    assert distill_command.main(distill) == 0
+    outputs = {}
+    for length in ("2", "32"):
+        folder = tmp_path / f"direct-{length}"
+        direct = ["--examples", examples, "--teacher", str(ckpt)]
+        direct += ["--output", str(folder), "--max-seq-len", length]
+        assert teacher_outputs_command.main(direct) == 0
+        outputs[length] = read_teacher_outputs(folder)
+    got = read_teacher_outputs(distilled)
+    assert got.equals(outputs["2"])
+    assert not got.equals(outputs["32"])  # the length matters on this data
 
 
 def test_fit_bad_input_is_one_line(

@@ -32,8 +32,6 @@ produces:
 - :mod:`~pipelines.beam.kernels`: vectorized kernels shared with
   ``pipelines.reference`` (no Beam import): timeline order, first copy of
   each id, windowed counts, Parquet settings and background writes;
-- :mod:`~pipelines.beam.memory`: the process's allocator settings (shared
-  with the reference too);
 - :mod:`~pipelines.beam.parallel`: ``PooledDoFn``, the base of the DoFns
   whose per-shard work runs on a worker thread.
 

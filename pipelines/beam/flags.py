@@ -107,7 +107,7 @@ def add_build_arguments(parser: argparse.ArgumentParser) -> None:
         action=argparse.BooleanOptionalAction,
         default=None,
         help="keep freed memory in each worker for reuse (glibc mallopt, Arrow "
-        "on malloc: pipelines.beam.memory); default: on where the job runs in "
+        "on malloc: features.memory); default: on where the job runs in "
         "one local process, off elsewhere",
     )
     add_kafka_arguments(parser)

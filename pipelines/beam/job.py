@@ -36,10 +36,10 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from features.events import now_ms
 from features.feature_tables import COUNT_NAMES, FEATURE_TABLES, LAYOUT_VERSION
+from features.memory import reuse_freed_memory
 from pipelines.beam import io
 from pipelines.beam.counters import EXAMPLE_COUNTERS, FEATURE_ROWS, CountEngagement
 from pipelines.beam.examples import BuildExamples, BuildProfiles
-from pipelines.beam.memory import reuse_freed_memory
 from pipelines.beam.options import GemBuildOptions, kafka_settings
 from pipelines.beam.progress import follow
 from pipelines.beam.runner import prepare_runner, runner_that_ran

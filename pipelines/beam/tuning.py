@@ -27,8 +27,8 @@ from apache_beam.options.pipeline_options import (
     PortableOptions,
 )
 
+from features.memory import reuse_freed_memory
 from pipelines.beam.flags import AUTO
-from pipelines.beam.memory import reuse_freed_memory
 from pipelines.beam.options import GemBuildOptions
 
 # Runners that may run the job on Prism or on the FnApiRunner, both local.

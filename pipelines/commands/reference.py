@@ -44,7 +44,7 @@ def build_parser() -> CommandParser:
 
 
 def _reference(args: argparse.Namespace) -> int:
-    from pipelines.beam.memory import reuse_freed_memory
+    from features.memory import reuse_freed_memory
     from pipelines.reference import (
         OUTPUT_PARTS,
         build_reference,

@@ -120,11 +120,14 @@ def run(args: argparse.Namespace) -> int:
     import torch.distributed as dist
 
     from features.kafka import kafka_cluster
+    from features.memory import reuse_freed_memory
     from trainer import daemon
     from trainer.checkpoint import CheckpointWriteError, NoUsableCheckpointError
 
     daemon._die_with_launcher()
     torch.set_num_threads(args.threads)
+    # Each step frees and re-allocates the same buffers: keep them (features.memory).
+    reuse_freed_memory()
     config = DaemonConfig(**config_fields(args, DaemonConfig))
     try:
         with kafka_cluster(settings) as cluster:

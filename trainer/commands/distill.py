@@ -82,6 +82,14 @@ def build_parser() -> CommandParser:
         help="teacher outputs of --eval (default: EVAL/teacher_outputs)",
     )
     parser.add_argument(
+        "--teacher-max-seq-len",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="most recent history events the teacher sees per example: the "
+        "length it was trained on (default: its configuration's max_seq_len)",
+    )
+    parser.add_argument(
         "--student", choices=STUDENT_NAMES, default="dlrm_small", help="student size"
     )
     parser.add_argument(
@@ -151,6 +159,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from features.json_report import json_safe
+    from features.memory import reuse_freed_memory
     from trainer.checkpoint import read_model_checkpoint
     from trainer.distill.run import (
         combined_outputs,
@@ -166,6 +175,8 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as error:
         raise CommandError(f"--methods {args.methods}: {error}") from error
     torch.set_num_threads(args.threads)
+    # Each step frees and re-allocates the same buffers: keep them (features.memory).
+    reuse_freed_memory()
     cfg = DistillConfig(
         methods=methods,
         student=args.student,
@@ -188,6 +199,7 @@ def run(args: argparse.Namespace) -> int:
                 folder,
                 teacher_path,
                 out or folder / "teacher_outputs",
+                max_seq_len=args.teacher_max_seq_len,
                 # The teacher's pass is most of the command's time.
                 extra_args=("--threads", str(args.threads)),
             )

@@ -123,6 +123,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from features.kafka import kafka_cluster
+    from features.memory import reuse_freed_memory
     from trainer.checkpoint import NoUsableCheckpointError
     from trainer.distill import daemon
     from trainer.distill.train import DistillConfig, parse_methods
@@ -132,6 +133,8 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as error:
         raise CommandError(f"--methods {args.methods}: {error}") from error
     torch.set_num_threads(args.threads)
+    # Each step frees and re-allocates the same buffers: keep them (features.memory).
+    reuse_freed_memory()
     config = daemon.StudentDaemonConfig(
         examples_topic=args.examples_topic,
         teacher_topic=args.teacher_topic,

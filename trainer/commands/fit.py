@@ -112,8 +112,11 @@ def run(args: argparse.Namespace) -> int:
     feature_dir("--eval", cfg.eval)
     if cfg.validation is not None:
         feature_dir("--validation", cfg.validation)
+    from features.memory import reuse_freed_memory
     from trainer import fit
 
+    # Each step frees and re-allocates the same buffers: keep them (features.memory).
+    reuse_freed_memory()
     train, evals, validation = fit.load_datasets(cfg)
     report = fit.fit(
         cfg,

@@ -40,7 +40,11 @@ def build_parser() -> CommandParser:
         help="folder of the teacher-output Parquet (replaced when it exists)",
     )
     parser.add_argument(
-        "--batch-size", type=positive_int, default=1024, help="examples per forward"
+        "--batch-size",
+        type=positive_int,
+        # teacher_outputs.DEFAULT_BATCH_SIZE, which loads torch: a test checks.
+        default=256,
+        help="examples per forward",
     )
     parser.add_argument(
         "--max-seq-len",
@@ -59,9 +63,12 @@ def run(args: argparse.Namespace) -> int:
     feature_dir("--examples", args.examples)
     import torch
 
+    from features.memory import reuse_freed_memory
     from trainer.distill import teacher_outputs
 
     torch.set_num_threads(args.threads)
+    # Each step frees and re-allocates the same buffers: keep them (features.memory).
+    reuse_freed_memory()
     summary = teacher_outputs.run(
         args.examples,
         args.teacher,

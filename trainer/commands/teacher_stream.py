@@ -90,10 +90,13 @@ def run(args: argparse.Namespace) -> int:
     settings = kafka_settings(args, why=NEEDS_CLUSTER)
     import torch
 
+    from features.memory import reuse_freed_memory
     from trainer.checkpoint import NoUsableCheckpointError
     from trainer.distill.teacher_stream import run_stream
 
     torch.set_num_threads(args.threads)
+    # Each step frees and re-allocates the same buffers: keep them (features.memory).
+    reuse_freed_memory()
     started = time.perf_counter()
     try:
         result = run_stream(

@@ -1,31 +1,32 @@
-"""Process memory settings for batch jobs that churn large arrays.
+"""Process memory settings for jobs that churn large arrays.
 
-The feature job (both the Beam DoFns and the single-process reference)
-allocates and frees arrays of tens of megabytes over and over: Arrow IPC
-bytes at every shuffle, the runner's copies of them, numpy temporaries, Arrow
-columns. With glibc's and mimalloc's defaults most of that memory goes back
-to the kernel when freed and is faulted in again (zero-filled) by the next
-batch: measured on the 2 M-event benchmark, 2.1-2.7 s of system time for
-about 8 s of user time. :func:`reuse_freed_memory` makes both allocators
-keep freed memory for reuse, which cut the system time to 1.1-1.3 s there
-(user time unchanged):
+The feature job (both the Beam DoFns and the single-process reference) and
+the trainer's processes allocate and free arrays of megabytes over and over:
+Arrow IPC bytes at every shuffle, the runner's copies of them, numpy
+temporaries, Arrow columns; a training step's activations and gradients.
+With glibc's and mimalloc's defaults most of that memory goes back to the
+kernel when freed and is faulted in again (zero-filled) by the next batch or
+step. Measured on the 2 M-event feature benchmark: 2.1-2.7 s of system time
+for about 8 s of user time; on a 2-core trainer, more system time than user
+time (``benchmarks/README.md`` has the figures). :func:`reuse_freed_memory`
+makes both allocators keep freed memory for reuse:
 
 - Arrow allocates from the system allocator (``malloc``) instead of its
-  bundled mimalloc, so that Arrow buffers, numpy arrays and Python bytes
-  draw on one pool of retained memory;
+  bundled mimalloc, so that Arrow buffers, numpy arrays, Python bytes and
+  torch's CPU tensors draw on one pool of retained memory;
 - glibc keeps up to :data:`RETAINED_BYTES` of freed heap (``M_TOP_PAD``,
   ``M_TRIM_THRESHOLD``) and serves blocks up to 32 MB from the heap instead
   of mapping each anew (``M_MMAP_THRESHOLD``).
 
-Applied once per process, in the process that runs the work: the job's
-launcher (which is also the worker with an embedded runner) and every
+Applied once per process, in the process that runs the work: the feature
+job's launcher (which is also the worker with an embedded runner) and every
 worker's ``DoFn.setup``, where the job's tuning asks for it
 (``--tune-allocator``, on by default only where the job runs in one local
-process: :mod:`pipelines.beam.tuning`); the reference applies it always.
-Explicit settings win: nothing changes for Arrow when
-``ARROW_DEFAULT_MEMORY_POOL`` is set, nor for glibc when any
-``MALLOC_*_`` variable is; nothing happens off glibc. No Beam import, so
-the reference uses it too.
+process: :mod:`pipelines.beam.tuning`); the reference and every trainer
+command apply it always. Explicit settings win: nothing changes for Arrow
+when ``ARROW_DEFAULT_MEMORY_POOL`` is set, nor for glibc when any
+``MALLOC_*_`` variable is; nothing happens off glibc. Neither Beam nor torch
+is imported here.
 """
 
 from __future__ import annotations
