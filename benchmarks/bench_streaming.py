@@ -249,9 +249,13 @@ def main() -> int:
         "events": stream["events"],
         "rate_asked": args.rate,
         "streaming_events_per_second": stream["events_per_second"],
+        "streaming_events_per_second_live": stream["online_events_per_second"],
         "batch_events_per_second": peer["events_per_second"],
         "ratio_streaming_to_batch": round(
             stream["events_per_second"] / peer["events_per_second"], 3
+        ),
+        "ratio_live_to_batch": round(
+            (stream["online_events_per_second"] or 0) / peer["events_per_second"], 3
         ),
         "freshness_s": stream["freshness_s"],
         "counts": stream["counts"],

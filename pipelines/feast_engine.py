@@ -134,7 +134,7 @@ class ArrowMaterializationEngine(LocalComputeEngine):
     ) -> None:
         source = view.batch_source
         assert source is not None
-        join_keys = {c.name: c.dtype.to_value_type() for c in view.entity_columns}
+        join_keys = join_keys_of(view)
         if len(join_keys) != 1:
             raise ValueError(f"view {view.name!r}: one join key expected")
         (entity,) = join_keys
@@ -495,6 +495,11 @@ def online_writer(
 
 def _feature_types(view: FeatureView) -> dict[str, ValueType]:
     return {f.name: f.dtype.to_value_type() for f in view.features}
+
+
+def join_keys_of(view: FeatureView) -> dict[str, ValueType]:
+    """A view's join keys and their Feast value types (what ``encode`` takes)."""
+    return {c.name: c.dtype.to_value_type() for c in view.entity_columns}
 
 
 # --- Redis -------------------------------------------------------------------------

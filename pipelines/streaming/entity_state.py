@@ -43,16 +43,19 @@ from pipelines.beam.arrow import IntArray, shard_of, split_by_shard, to_int64
 from pipelines.beam.counters import entity_counters
 from pipelines.beam.kernels import drop_losing_copies, losing_copies
 from pipelines.streaming.config import COUNTER_HORIZON_MS, StreamConfig
-from pipelines.streaming.event_ids import WINNERS, compact_winners, winners_table
+from pipelines.streaming.event_ids import WINNERS, compact_winners, winners_of
+from pipelines.streaming.state_mirror import TOKEN as MIRROR_TOKEN
+from pipelines.streaming.state_mirror import MirroredState, StateMirror
 from pipelines.streaming.tables import (
     ENTITY_EVENT_SCHEMA,
     ENTITY_KINDS,
     answer_schema,
     ceil_to,
+    concatenated,
+    due_for_compaction,
     first_copies,
     state_bytes,
     state_table,
-    tables_of,
 )
 
 PUSH: Final = "push"
@@ -184,10 +187,16 @@ _ROWS = BagStateSpec("rows", BytesCoder())
 _ROWS_PARAM = beam.DoFn.StateParam(_ROWS)
 _WINNERS = BagStateSpec("winners", BytesCoder())
 _WINNERS_PARAM = beam.DoFn.StateParam(_WINNERS)
+_TOKEN_PARAM = beam.DoFn.StateParam(MIRROR_TOKEN)
 _ANSWERED = ReadModifyWriteStateSpec("answered_until", VarIntCoder())
 _ANSWERED_PARAM = beam.DoFn.StateParam(_ANSWERED)
 _ANSWER = TimerSpec("answer", TimeDomain.WATERMARK)
 _ANSWER_PARAM = beam.DoFn.TimerParam(_ANSWER)
+_MIRROR: Final = StateMirror(decode=state_table, size=len)
+
+
+def _tables(state: MirroredState, bag: str) -> list[pa.Table]:
+    return [table for _, table in state.chunks(bag)]
 
 
 class EntityShardFn(beam.DoFn):  # type: ignore[misc]
@@ -211,6 +220,7 @@ class EntityShardFn(beam.DoFn):  # type: ignore[misc]
         element: tuple[int, tuple[str, bytes]],
         rows: Any = _ROWS_PARAM,
         winners: Any = _WINNERS_PARAM,
+        token: Any = _TOKEN_PARAM,
         answer: Any = _ANSWER_PARAM,
     ) -> Iterator[Any]:
         """Keep the rows; a timer at each due time of the batch's impressions.
@@ -220,22 +230,23 @@ class EntityShardFn(beam.DoFn):  # type: ignore[misc]
         timer, and a timer that fires after a later one finds nothing left.
         """
         key, (kind_of_data, data) = element
-        if kind_of_data == WINNERS:
-            winners.add(data)
-            if self._push:
-                yield from self._push_corrections(key, rows, winners, data)
-            return
-        rows.add(data)
+        state = _MIRROR.open(key, token, {"rows": rows, "winners": winners})
         batch = state_table(data)
+        if kind_of_data == WINNERS:
+            state.add("winners", data, batch)
+            if self._push:
+                yield from self._push_corrections(key, state, batch)
+            return
+        state.add("rows", data, batch)
         actions = to_int64(batch.column("action"))
         times = to_int64(batch.column("time_ms"))[actions == _IMPRESSION]
         for due in np.unique(answer_due(times, self._config)).tolist():
             answer.set(Timestamp(micros=due * 1000), dynamic_timer_tag=str(due))
         if self._push and batch.num_rows:
             kind = self._kind(key)
-            stored = tables_of(list(rows.read()), ENTITY_EVENT_SCHEMA)
+            stored = concatenated(_tables(state, "rows"), ENTITY_EVENT_SCHEMA)
             touched = np.unique(to_int64(batch.column("entity_id")))
-            notices = winners_table(list(winners.read()))
+            notices = winners_of(_tables(state, "winners"))
             yield beam.pvalue.TaggedOutput(
                 PUSH,
                 (
@@ -246,17 +257,17 @@ class EntityShardFn(beam.DoFn):  # type: ignore[misc]
             )
 
     def _push_corrections(
-        self, key: int, rows: Any, winners: Any, notice: bytes
+        self, key: int, state: MirroredState, notice: pa.Table
     ) -> Iterator[Any]:
         """Push again the online counters of the entities with a row the
         notice says loses (already pushed with it); no freshness samples."""
         kind = self._kind(key)
-        stored = tables_of(list(rows.read()), ENTITY_EVENT_SCHEMA)
-        loses = losing_copies(stored, state_table(notice), time_column="time_ms")
+        stored = concatenated(_tables(state, "rows"), ENTITY_EVENT_SCHEMA)
+        loses = losing_copies(stored, notice, time_column="time_ms")
         if not loses.any():
             return
         touched = np.unique(to_int64(stored.column("entity_id"))[loses])
-        notices = winners_table(list(winners.read()))
+        notices = winners_of(_tables(state, "winners"))
         yield beam.pvalue.TaggedOutput(
             PUSH,
             (
@@ -273,16 +284,19 @@ class EntityShardFn(beam.DoFn):  # type: ignore[misc]
         fire_at: Any = beam.DoFn.TimestampParam,
         rows: Any = _ROWS_PARAM,
         winners: Any = _WINNERS_PARAM,
+        token: Any = _TOKEN_PARAM,
         answered: Any = _ANSWERED_PARAM,
     ) -> Iterator[tuple[int, tuple[str, bytes]]]:
-        """Answer every impression due by now not answered yet; compact the state."""
+        """Answer every impression due by now not answered yet; compact the
+        state when it is due (:func:`~.tables.due_for_compaction`)."""
         kind = self._kind(int(key))
         fire = fire_at.micros // 1000
         until = answered.read()
         if until is not None and fire <= until:
             return  # a later due time fired first and answered these
-        stored = tables_of(list(rows.read()), ENTITY_EVENT_SCHEMA)
-        notices = winners_table(list(winners.read()))
+        state = _MIRROR.open(key, token, {"rows": rows, "winners": winners})
+        stored = concatenated(_tables(state, "rows"), ENTITY_EVENT_SCHEMA)
+        notices = winners_of(_tables(state, "winners"))
         routed, kept, _ = answer_entity_shard(
             stored,
             kind,
@@ -293,11 +307,14 @@ class EntityShardFn(beam.DoFn):  # type: ignore[misc]
             winners=notices,
         )
         answered.write(fire)
-        rows.clear()
-        rows.add(state_bytes(kept))
-        winners.clear()
         still_needed = compact_winners(notices, fire, self._config)
-        if still_needed.num_rows:
-            winners.add(state_bytes(still_needed))
+        forgets = still_needed.num_rows < notices.num_rows
+        # The rows are rewritten only now and then, or when a notice is
+        # forgotten: the copies it drops must be gone first.
+        if forgets or due_for_compaction(len(state.chunks("rows"))):
+            state.replace("rows", [(state_bytes(kept), kept)])
+        if forgets or len(state.chunks("winners")) > 1:
+            notes = [still_needed] if still_needed.num_rows else []
+            state.replace("winners", [(state_bytes(t), t) for t in notes])
         for user_shard, table in routed:
             yield user_shard, (kind, state_bytes(table))

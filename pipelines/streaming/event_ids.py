@@ -24,12 +24,15 @@ that caused it still hold the watermark.
 
 Retention: an id is forgotten once the watermark passes its earliest copy's
 time plus the allowed lateness plus
-:data:`~features.duplicates.DUPLICATE_HORIZON_MS` (checked when the bucket
-compacts its state, at the end of each granularity step it has events in): a
-copy within the horizon has arrived by then or would be late, so the state
-holds about a horizon's worth of ids. The shards keep the notices as long
-(a losing copy may still arrive until then). Online rows pushed with a copy
-that later loses are pushed again, without it, when its notice arrives.
+:data:`~features.duplicates.DUPLICATE_HORIZON_MS`, or later: it is checked
+when the bucket compacts its state, at the end of a granularity step it has
+events in once its bag is due (:func:`~.tables.due_for_compaction`). A copy
+within the horizon has arrived by then or would be late, so the state holds
+about a horizon's worth of ids, plus what arrived since the last compaction
+(remembering an id longer only recognizes more copies). The shards keep the
+notices as long (a losing copy may still arrive until then). Online rows
+pushed with a copy that later loses are pushed again, without it, when its
+notice arrives.
 """
 
 from __future__ import annotations
@@ -61,12 +64,15 @@ from pipelines.beam.kernels import (
     id_projection,
 )
 from pipelines.streaming.config import StreamConfig
+from pipelines.streaming.state_mirror import TOKEN as MIRROR_TOKEN
+from pipelines.streaming.state_mirror import StateMirror
 from pipelines.streaming.tables import (
     ENTITY_KINDS,
     ceil_to,
+    concatenated,
+    due_for_compaction,
     state_bytes,
     state_table,
-    tables_of,
 )
 
 METRICS_NAMESPACE: Final = "gem.stream"
@@ -112,6 +118,8 @@ def notices_for(seen: pa.Table, batch: pa.Table) -> tuple[pa.Table, pa.Table]:
 # State and timers (module-level: Beam finds them in the defaults).
 _SEEN = BagStateSpec("seen", BytesCoder())
 _SEEN_PARAM = beam.DoFn.StateParam(_SEEN)
+_TOKEN_PARAM = beam.DoFn.StateParam(MIRROR_TOKEN)
+_MIRROR: Final = StateMirror(decode=state_table, size=len)
 _FORGOTTEN = ReadModifyWriteStateSpec("forgotten_until", VarIntCoder())
 _FORGOTTEN_PARAM = beam.DoFn.StateParam(_FORGOTTEN)
 _FORGET = TimerSpec("forget", TimeDomain.WATERMARK)
@@ -134,14 +142,18 @@ class EventIdFn(beam.DoFn):  # type: ignore[misc]
         self,
         element: tuple[int, bytes],
         seen: Any = _SEEN_PARAM,
+        token: Any = _TOKEN_PARAM,
         forget: Any = _FORGET_PARAM,
     ) -> Iterator[Any]:
         """Remember the batch's copies; tell the shards about conflicting ids."""
-        _, data = element
+        key, data = element
         batch = state_table(data)
-        stored = tables_of(list(seen.read()), DIGEST_PROJECTION_SCHEMA)
+        state = _MIRROR.open(key, token, {"seen": seen})
+        stored = concatenated(
+            [table for _, table in state.chunks("seen")], DIGEST_PROJECTION_SCHEMA
+        )
         winners, copies = notices_for(stored, batch)
-        seen.add(data)
+        state.add("seen", data, batch)
         # A compaction at the end of each granularity step the batch's times
         # fall in: the bag is one chunk again, without the forgotten ids.
         step = self._config.granularity_ms
@@ -161,8 +173,10 @@ class EventIdFn(beam.DoFn):  # type: ignore[misc]
     @on_timer(_FORGET)
     def forget(
         self,
+        key: Any = beam.DoFn.KeyParam,
         fire_at: Any = beam.DoFn.TimestampParam,
         seen: Any = _SEEN_PARAM,
+        token: Any = _TOKEN_PARAM,
         forgotten: Any = _FORGOTTEN_PARAM,
     ) -> None:
         """Forget the ids whose winning copy is past the retention."""
@@ -170,12 +184,14 @@ class EventIdFn(beam.DoFn):  # type: ignore[misc]
         until = forgotten.read()
         if until is not None and fire <= until:
             return
-        stored = tables_of(list(seen.read()), DIGEST_PROJECTION_SCHEMA)
+        state = _MIRROR.open(key, token, {"seen": seen})
+        stored = concatenated(
+            [table for _, table in state.chunks("seen")], DIGEST_PROJECTION_SCHEMA
+        )
         kept = forget_ids(stored, fire, self._config)
         forgotten.write(fire)
-        seen.clear()
-        if kept.num_rows:
-            seen.add(state_bytes(kept))
+        if due_for_compaction(len(state.chunks("seen"))):
+            state.replace("seen", [(state_bytes(kept), kept)] if kept.num_rows else [])
 
 
 def forget_ids(seen: pa.Table, fire: int, config: StreamConfig) -> pa.Table:
@@ -194,7 +210,12 @@ def forget_ids(seen: pa.Table, fire: int, config: StreamConfig) -> pa.Table:
 
 def winners_table(chunks: list[bytes]) -> pa.Table:
     """Notices received, one row per id (the latest winner is the earliest)."""
-    winners = tables_of(chunks, DIGEST_PROJECTION_SCHEMA)
+    return winners_of([state_table(c) for c in chunks])
+
+
+def winners_of(notices: list[pa.Table]) -> pa.Table:
+    """:func:`winners_table` of decoded notices (the state's chunks)."""
+    winners = concatenated(notices, DIGEST_PROJECTION_SCHEMA)
     if winners.num_rows == 0:
         return winners
     return copy_winners(winners, every_id=True)

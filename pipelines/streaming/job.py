@@ -46,7 +46,7 @@ from pipelines.beam.runner import prism_location, runner_name, use_local_prism
 from pipelines.streaming.config import StreamConfig
 from pipelines.streaming.entity_state import PUSH, EntityShardFn, route_entity_rows
 from pipelines.streaming.event_ids import ENTITY_NOTICES, EventIdFn, id_elements
-from pipelines.streaming.feast_push import PushToFeastFn
+from pipelines.streaming.feast_push import PushToFeastFn, check_push_target
 from pipelines.streaming.flags import add_streaming_arguments
 from pipelines.streaming.kafka_source import (
     DEAD_LETTERS,
@@ -121,6 +121,13 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
     dead_topic = stream.dead_letter_topic or f"{build.events_topic}.dead-letter"
     ensure_topics(settings, {build.examples_topic: config.shards, dead_topic: 1})
     push = bool(stream.feast_state_dir or stream.feast_env)
+    if push:
+        try:
+            check_push_target(
+                stream.feast_env, stream.feast_state_dir, stream.feast_project
+            )
+        except ValueError as error:
+            raise SystemExit(str(error)) from None
     started = time.monotonic()
 
     pipeline = beam.Pipeline(options=options)

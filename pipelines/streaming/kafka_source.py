@@ -26,13 +26,13 @@ right here, because the watermark is event time. An event is
 - *too late* when it is ``allowed_lateness`` or more behind: a dead letter
   with reason ``late: ...`` (never silently dropped).
 
-Output: per poll and partition, one :class:`EventBatch` (valid events, in
-EVENT_SCHEMA plus the Kafka record time ``published_ms``), timestamped with
-its earliest event time, so it holds the downstream watermark until it is
-processed; dead letters (tagged ``dead_letters``) as
+Output: per call, one :class:`EventBatch` (the valid events of all its polls
+and partitions, in EVENT_SCHEMA plus the Kafka record time ``published_ms``),
+timestamped with its earliest event time, so it holds the downstream
+watermark until it is processed; dead letters (tagged ``dead_letters``) as
 :meth:`features.deadletter.DeadLetter.to_json` lines (topic, partition,
-offset, reason, the message's bytes, their length and hash);
-progress marks (tagged ``marks``) for the offset committer.
+offset, reason, the message's bytes, their length and hash); progress marks
+(tagged ``marks``), one per partition read, for the offset committer.
 
 Offsets: the consumer never auto-commits. What is committed, and when, is the
 job's durability rule (:mod:`.offsets`).
@@ -106,18 +106,14 @@ class TopicPositions:
 
 @dataclass(frozen=True)
 class EventBatch:
-    """Valid events of one poll of one partition.
+    """Valid events read from a topic.
 
     Attributes:
-        source: ``topic/partition``.
-        first_offset: Kafka offset of the first message of the poll.
-        next_offset: offset after the last message of the poll.
+        source: ``topic/partition`` (one partition's poll) or ``topic``.
         events: STREAM_EVENT_SCHEMA rows (EVENT_SCHEMA + ``published_ms``).
     """
 
     source: str
-    first_offset: int
-    next_offset: int
     events: pa.Table
 
 
@@ -334,15 +330,27 @@ class ReadTopicFn(beam.DoFn):  # type: ignore[misc]
         watermark: Any = _WATERMARK,
     ) -> Iterator[Any]:
         """Poll for up to ``CALL_SECONDS``, then hand the rest back."""
+        outputs = self._read_for_a_call(element, tracker, watermark)
+        yield from one_batch_per_call(outputs)
+
+    def _read_for_a_call(
+        self,
+        element: TopicRead,
+        tracker: TopicPositionsTracker,
+        watermark: PartitionWatermarks,
+    ) -> list[Any]:
+        """Poll until ``CALL_SECONDS`` have passed, a claim fails or a bounded
+        run is finished; the outputs of every poll, in order."""
         started = time.monotonic()
         consumer = self._consumer_at(element.topic, tracker.current_restriction())
+        outputs: list[Any] = []
         while True:
             if tracker.current_restriction().finished:
-                return  # checkpointed by the runner: resumed later
-            outputs, claimed_all = self._poll(element, consumer, tracker, watermark)
-            yield from outputs
+                return outputs  # checkpointed by the runner: resumed later
+            polled, claimed_all = self._poll(element, consumer, tracker, watermark)
+            outputs += polled
             if not claimed_all:
-                return
+                return outputs
             if self._idle_seconds is not None and self._quiet_for > self._idle_seconds:
                 if not self._idle_confirmed_now(consumer, element.topic):
                     # Idle time counts only from a moment the broker answered.
@@ -351,10 +359,10 @@ class ReadTopicFn(beam.DoFn):  # type: ignore[misc]
                 # Bounded run: the topic is finished. The watermark then goes
                 # to the end of time and every timer downstream fires.
                 tracker.try_claim(END)
-                return
+                return outputs
             if time.monotonic() - started > CALL_SECONDS:
                 tracker.defer_remainder(Duration.of(0))
-                return
+                return outputs
 
     def _idle_confirmed_now(self, consumer: Any, topic: str) -> bool:
         """Bounded runs: is the topic's idleness the topic's, not the broker's?
@@ -493,9 +501,7 @@ class ReadTopicFn(beam.DoFn):  # type: ignore[misc]
                 pa.array(published, pa.int64()),
             )
             earliest = min(int(r["event_time"]) for r in records_ok)
-            batch = EventBatch(
-                source, messages[0].offset, next_offset, table.cast(STREAM_EVENT_SCHEMA)
-            )
+            batch = EventBatch(source, table.cast(STREAM_EVENT_SCHEMA))
             outputs.append(
                 beam.window.TimestampedValue(
                     (EVENTS, batch), Timestamp(micros=earliest * 1000)
@@ -507,6 +513,44 @@ class ReadTopicFn(beam.DoFn):  # type: ignore[misc]
         if read and progress is not None:
             outputs.append((MARKS, (source, (next_offset, int(progress)))))
         return outputs, claimed_all
+
+
+def one_batch_per_call(outputs: list[Any]) -> list[Any]:
+    """A call's outputs with its event batches merged into one, and one
+    progress mark per partition (its last).
+
+    Nothing of a call leaves before its bundle ends, so merging costs no
+    freshness, while every stage after the reader pays per element (a state
+    read, a bundle of Arrow work), not per event.
+    """
+    batches: list[EventBatch] = []
+    earliest: Timestamp | None = None
+    marks: dict[str, tuple[int, int]] = {}
+    rest: list[Any] = []
+    for output in outputs:
+        if isinstance(output, beam.window.TimestampedValue):
+            batches.append(output.value[1])
+            if earliest is None or output.timestamp < earliest:
+                earliest = output.timestamp
+        elif output[0] == MARKS:
+            source, (offset, newest) = output[1]
+            _, seen = marks.get(source, (offset, newest))
+            marks[source] = (offset, max(seen, newest))
+        else:
+            rest.append(output)
+    if batches:
+        sources = {b.source for b in batches}
+        merged = EventBatch(
+            source=(
+                sources.pop()
+                if len(sources) == 1
+                else batches[0].source.rsplit("/", 1)[0]
+            ),
+            events=pa.concat_tables([b.events for b in batches]).combine_chunks(),
+        )
+        rest.append(beam.window.TimestampedValue((EVENTS, merged), earliest))
+    rest += [(MARKS, (source, mark)) for source, mark in marks.items()]
+    return rest
 
 
 def _dead_letter(

@@ -1,9 +1,9 @@
 """``CommitOffsets``: commit a partition's offsets once their output is durable.
 
-The reader emits a progress mark per poll, ``(partition, next offset, newest
-event time)``. An event can change the labels and features of examples up to
-``label window + allowed lateness + granularity`` after it (its own
-impression's labels, the labels of the impression it follows up); those
+The reader emits a progress mark per call and partition, ``(partition, next
+offset, newest event time)``. An event can change the labels and features of
+examples up to ``label window + allowed lateness + granularity`` after it (its
+own impression's labels, the labels of the impression it follows up); those
 examples are released by then (:mod:`.user_state`) and acknowledged by the
 examples topic before the publisher's bundle commits. This stage reads the
 marks *and* the publisher's (empty) output, so its event-time watermark passes

@@ -71,11 +71,28 @@ def state_table(data: bytes) -> pa.Table:
     return pa.ipc.open_stream(pa.py_buffer(data)).read_all()
 
 
-def tables_of(chunks: list[bytes], schema: pa.Schema) -> pa.Table:
-    """The state chunks as one table of ``schema`` (empty when none)."""
-    if not chunks:
+def concatenated(tables: list[pa.Table], schema: pa.Schema) -> pa.Table:
+    """Decoded state chunks as one table of ``schema`` (empty when none)."""
+    if not tables:
         return schema.empty_table()
-    return pa.concat_tables([state_table(c) for c in chunks]).combine_chunks()
+    return pa.concat_tables(tables).combine_chunks()
+
+
+MAX_CHUNKS: Final = 32
+"""A stage compacts a bag at its next timer once it holds more chunks than this."""
+
+
+def due_for_compaction(chunks: int) -> bool:
+    """Whether a stage's timer should compact a bag of ``chunks`` chunks
+    (drop what no output needs any more, rewrite the rest as one chunk).
+
+    Keeping more than needed is harmless (the next compaction drops it),
+    while a compaction works over the whole state and moves all of it
+    through the runner; once per :data:`MAX_CHUNKS` additions, its cost
+    follows what arrived since the last one, and a bag holds at most that
+    much beyond its need.
+    """
+    return chunks > MAX_CHUNKS
 
 
 def ceil_to(values: IntArray, granularity: int) -> IntArray:

@@ -1,17 +1,19 @@
 """Per user shard: each user's recent history in Beam state, examples when due.
 
-Keyed by user shard. State (bags of Arrow IPC chunks, :mod:`.tables`):
+Keyed by user shard. State (Arrow IPC chunks of a kind, :mod:`.tables`,
+read through the worker's mirror, :mod:`.state_mirror`), in two bags:
 
-- ``events``: the shard's valid events as they arrived (copies included),
-  compacted at every release to what later outputs can still need;
-- ``dropped``: per user, events evicted so far (so ``timeline_cut`` stays an
-  index into the user's *full* timeline, as in the batch job);
-- ``answers``: ad / advertiser counters of pending impressions, sent by the
-  entity shards (:mod:`.entity_state`);
-- ``winners``: the winning copy's key of event_ids whose copies differ,
-  sent by the id stage (:mod:`.event_ids`): the shard drops the other
-  copies, then keeps each id's winning copy among its own (the batch job's
-  :func:`~pipelines.beam.timelines.dedupe_events`).
+- ``history``: the ``events`` (the shard's valid events as they arrived,
+  copies included, compacted now and then to what later outputs can still
+  need: :func:`~pipelines.streaming.tables.due_for_compaction`) and the
+  ``dropped`` counts (per user, events evicted so far, so ``timeline_cut``
+  stays an index into the user's *full* timeline, as in the batch job);
+- ``notes``, rewritten at every release: the ``ad`` / ``advertiser``
+  counters of pending impressions, sent by the entity shards
+  (:mod:`.entity_state`), and the ``winners``, the winning copy's key of
+  event_ids whose copies differ, sent by the id stage (:mod:`.event_ids`):
+  the shard drops the other copies, then keeps each id's winning copy among
+  its own (the batch job's :func:`~pipelines.beam.timelines.dedupe_events`).
 
 Release rule (event time): an impression at ``t`` is final when the label
 window and the allowed lateness have passed, ``due = ceil(t + window +
@@ -69,16 +71,19 @@ from pipelines.beam.kernels import (
 )
 from pipelines.beam.timelines import build_timelines, dedupe_events
 from pipelines.streaming.config import COUNTER_HORIZON_MS, LABEL_WINDOW_MS, StreamConfig
-from pipelines.streaming.event_ids import WINNERS, compact_winners, winners_table
+from pipelines.streaming.event_ids import WINNERS, compact_winners, winners_of
+from pipelines.streaming.state_mirror import TOKEN as MIRROR_TOKEN
+from pipelines.streaming.state_mirror import MirroredState, StateMirror
 from pipelines.streaming.tables import (
     DROPPED_SCHEMA,
     ENTITY_KINDS,
     STREAM_EVENT_SCHEMA,
     answer_schema,
     ceil_to,
+    concatenated,
+    due_for_compaction,
     state_bytes,
     state_table,
-    tables_of,
     times_ms,
 )
 
@@ -108,7 +113,7 @@ class UserRelease:
     Attributes:
         examples: training examples (contract schema), in timeline order.
         segments: TIMELINE_SEGMENT_SCHEMA rows their windows need.
-        events: the compacted events state.
+        events: the events state, compacted when the release was asked to.
         dropped: the updated evicted counts.
         answers: entity answers still pending, by kind.
         next_due: the earliest due time still pending, or None.
@@ -187,6 +192,7 @@ def release_user_shard(
     dims: Dimensions,
     config: StreamConfig,
     winners: pa.Table | None = None,
+    compact: bool = True,
 ) -> UserRelease:
     """Examples of the impressions due in ``(released_until, fire]``, and the
     state that remains.
@@ -200,11 +206,16 @@ def release_user_shard(
         dims: the dimension tables.
         config: timing rules.
         winners: the id stage's notices (ID_PROJECTION_SCHEMA), one per id.
+        compact: also dedupe and evict the whole state (else the events and
+            the evicted counts come back as they were).
     """
     if winners is None:
         winners = ID_PROJECTION_SCHEMA.empty_table()
-    all_events = dedupe_events(drop_losing_copies(events, winners))
-    impressions = all_events.filter(pc.equal(all_events.column("action"), "impression"))
+    # Without the losing copies, the copies of an id are one user's at one
+    # time: which users are due, and each user's deduped events, can be
+    # found before the (whole-state) dedupe.
+    candidates = drop_losing_copies(events, winners)
+    impressions = candidates.filter(pc.equal(candidates.column("action"), "impression"))
     all_due = due_times(times_ms(impressions), config)
     pending = all_due[all_due > fire]
     # Everything below is per user: only the users with an impression due
@@ -212,8 +223,9 @@ def release_user_shard(
     due_users = impressions.column("user_id").filter(
         pa.array((all_due > released_until) & (all_due <= fire))
     )
-    events = all_events.filter(
-        pc.is_in(all_events.column("user_id"), value_set=due_users)
+    stored = events
+    events = dedupe_events(
+        candidates.filter(pc.is_in(candidates.column("user_id"), value_set=due_users))
     )
     bases = example_bases(events, dims.users, dims.ads)
     due = due_times(times_ms(bases), config)
@@ -245,7 +257,11 @@ def release_user_shard(
         schema=EXAMPLE_SCHEMA,
     )
     segments = _segments(events, chosen, dropped, dims, config)
-    kept_events, kept_dropped = _compact(all_events, dropped, fire, config)
+    kept_events, kept_dropped = (
+        _compact(dedupe_events(candidates), dropped, fire, config)
+        if compact
+        else (stored, dropped)
+    )
     remaining = {
         kind: table.filter(
             pc.invert(
@@ -406,12 +422,37 @@ _CHUNK = TupleCoder([StrUtf8Coder(), BytesCoder()])
 
 
 # State and timers (module-level: Beam finds them in the defaults).
-_CHUNKS = BagStateSpec("chunks", _CHUNK)
-_CHUNKS_PARAM = beam.DoFn.StateParam(_CHUNKS)
+_HISTORY = BagStateSpec("history", _CHUNK)
+_HISTORY_PARAM = beam.DoFn.StateParam(_HISTORY)
+_NOTES = BagStateSpec("notes", _CHUNK)
+_NOTES_PARAM = beam.DoFn.StateParam(_NOTES)
+_TOKEN_PARAM = beam.DoFn.StateParam(MIRROR_TOKEN)
 _RELEASED = ReadModifyWriteStateSpec("released_until", VarIntCoder())
 _RELEASED_PARAM = beam.DoFn.StateParam(_RELEASED)
 _RELEASE = TimerSpec("release", TimeDomain.WATERMARK)
 _RELEASE_PARAM = beam.DoFn.TimerParam(_RELEASE)
+_MIRROR: Final = StateMirror(
+    decode=lambda chunk: state_table(chunk[1]), size=lambda chunk: len(chunk[1])
+)
+
+
+HISTORY_KINDS: Final = ("events", "dropped")
+"""Kept in the ``history`` bag, rewritten only when it is compacted
+(:func:`~pipelines.streaming.tables.due_for_compaction`); the answers and
+the notices go to the ``notes`` bag, rewritten at every release."""
+
+
+def _bags(history: Any, notes: Any) -> dict[str, Any]:
+    return {"history": history, "notes": notes}
+
+
+def _by_kind(state: MirroredState) -> dict[str, list[pa.Table]]:
+    """The shard's chunks, decoded, by kind."""
+    found: dict[str, list[pa.Table]] = {}
+    for bag in ("history", "notes"):
+        for (kind, _), table in state.chunks(bag):
+            found.setdefault(kind, []).append(table)
+    return found
 
 
 class UserShardFn(beam.DoFn):  # type: ignore[misc]
@@ -438,28 +479,30 @@ class UserShardFn(beam.DoFn):  # type: ignore[misc]
     def process(
         self,
         element: tuple[int, tuple[str, bytes]],
-        chunks: Any = _CHUNKS_PARAM,
+        history: Any = _HISTORY_PARAM,
+        notes: Any = _NOTES_PARAM,
+        token: Any = _TOKEN_PARAM,
         release: Any = _RELEASE_PARAM,
     ) -> Iterator[Any]:
         """Keep the chunk; a timer at each due time of the batch's impressions
         (one per due time, set here: see ``EntityShardFn.process``)."""
-        _, (kind, data) = element
-        chunks.add((kind, data))
+        key, (kind, data) = element
+        state = _MIRROR.open(key, token, _bags(history, notes))
+        batch = state_table(data)
+        bag = "history" if kind in HISTORY_KINDS else "notes"
+        state.add(bag, (kind, data), batch)
         if kind == WINNERS and self._push:
-            yield from self._push_corrections(list(chunks.read()), state_table(data))
+            yield from self._push_corrections(_by_kind(state), batch)
         if kind != "events":
             return
-        batch = state_table(data)
         impressions = _impression_times(batch)
         for due in np.unique(due_times(impressions, self._config)).tolist():
             release.set(Timestamp(micros=due * 1000), dynamic_timer_tag=str(due))
         if self._push and batch.num_rows:
             assert self._dims is not None
-            stored = list(chunks.read())
-            events = tables_of(
-                [d for k, d in stored if k == "events"], STREAM_EVENT_SCHEMA
-            )
-            winners = winners_table([d for k, d in stored if k == WINNERS])
+            stored = _by_kind(state)
+            events = concatenated(stored.get("events", []), STREAM_EVENT_SCHEMA)
+            winners = winners_of(stored.get(WINNERS, []))
             touched = np.unique(to_int64(batch.column("user_id")))
             published = to_int64(batch.column("published_ms")).tobytes()
             rows_by_table = user_push_rows(events, touched, self._dims, winners)
@@ -469,17 +512,17 @@ class UserShardFn(beam.DoFn):  # type: ignore[misc]
                 )
 
     def _push_corrections(
-        self, stored: list[tuple[str, bytes]], notice: pa.Table
+        self, stored: dict[str, list[pa.Table]], notice: pa.Table
     ) -> Iterator[Any]:
         """Push again the online rows of the users holding a copy the notice
         says loses (already pushed with it); no freshness samples."""
         assert self._dims is not None
-        events = tables_of([d for k, d in stored if k == "events"], STREAM_EVENT_SCHEMA)
+        events = concatenated(stored.get("events", []), STREAM_EVENT_SCHEMA)
         loses = losing_copies(events, notice)
         if not loses.any():
             return
         touched = np.unique(to_int64(events.column("user_id"))[loses])
-        winners = winners_table([d for k, d in stored if k == WINNERS])
+        winners = winners_of(stored.get(WINNERS, []))
         for table, rows in user_push_rows(events, touched, self._dims, winners).items():
             yield beam.pvalue.TaggedOutput(PUSH, (table, state_bytes(rows), b""))
 
@@ -488,40 +531,49 @@ class UserShardFn(beam.DoFn):  # type: ignore[misc]
         self,
         key: Any = beam.DoFn.KeyParam,
         fire_at: Any = beam.DoFn.TimestampParam,
-        chunks: Any = _CHUNKS_PARAM,
+        history: Any = _HISTORY_PARAM,
+        notes: Any = _NOTES_PARAM,
+        token: Any = _TOKEN_PARAM,
         released: Any = _RELEASED_PARAM,
     ) -> Iterator[ExampleMessage]:
-        """Release every impression due by now not released yet; compact the state."""
+        """Release every impression due by now not released yet; compact the
+        state when it is due (:func:`~.tables.due_for_compaction`)."""
         assert self._dims is not None
         fire = fire_at.micros // 1000
         until = released.read()
         if until is not None and fire <= until:
             return  # a later due time fired first and released these
-        stored = list(chunks.read())
-        by_kind: dict[str, list[bytes]] = {}
-        for kind, data in stored:
-            by_kind.setdefault(kind, []).append(data)
-        events = tables_of(by_kind.get("events", []), STREAM_EVENT_SCHEMA)
+        state = _MIRROR.open(key, token, _bags(history, notes))
+        by_kind = _by_kind(state)
+        events = concatenated(by_kind.get("events", []), STREAM_EVENT_SCHEMA)
+        winners = winners_of(by_kind.get(WINNERS, []))
+        # The history is deduped, evicted and rewritten only now and then, or
+        # when a notice is forgotten: the copies it drops must be gone first.
+        forgets = compact_winners(winners, fire, self._config).num_rows < len(winners)
+        compact = forgets or due_for_compaction(len(by_kind.get("events", [])))
         result = release_user_shard(
             events,
-            tables_of(by_kind.get("dropped", []), DROPPED_SCHEMA),
-            {k: tables_of(by_kind.get(k, []), answer_schema(k)) for k in ENTITY_KINDS},
+            concatenated(by_kind.get("dropped", []), DROPPED_SCHEMA),
+            {
+                k: concatenated(by_kind.get(k, []), answer_schema(k))
+                for k in ENTITY_KINDS
+            },
             released_until=np.iinfo(np.int64).min if until is None else until,
             fire=fire,
             dims=self._dims,
             config=self._config,
-            winners=winners_table(by_kind.get(WINNERS, [])),
+            winners=winners,
+            compact=compact,
         )
         released.write(fire)
-        chunks.clear()
-        chunks.add(("events", state_bytes(result.events)))
-        if result.winners.num_rows:
-            chunks.add((WINNERS, state_bytes(result.winners)))
-        if result.dropped.num_rows:
-            chunks.add(("dropped", state_bytes(result.dropped)))
-        for kind, table in result.answers.items():
-            if table.num_rows:
-                chunks.add((kind, state_bytes(table)))
+        if compact:
+            kept = [("events", result.events)]
+            if result.dropped.num_rows:
+                kept.append(("dropped", result.dropped))
+            state.replace("history", [((k, state_bytes(t)), t) for k, t in kept])
+        pending = [(WINNERS, result.winners)] if result.winners.num_rows else []
+        pending += [(k, t) for k, t in result.answers.items() if t.num_rows]
+        state.replace("notes", [((k, state_bytes(t)), t) for k, t in pending])
         self.releases.inc()
         if result.examples.num_rows:
             self.examples.inc(result.examples.num_rows)
