@@ -195,10 +195,6 @@ _ANSWER_PARAM = beam.DoFn.TimerParam(_ANSWER)
 _MIRROR: Final = StateMirror(decode=state_table, size=len)
 
 
-def _tables(state: MirroredState, bag: str) -> list[pa.Table]:
-    return [table for _, table in state.chunks(bag)]
-
-
 class EntityShardFn(beam.DoFn):  # type: ignore[misc]
     """The stateful stage (see the module docstring).
 
@@ -244,9 +240,9 @@ class EntityShardFn(beam.DoFn):  # type: ignore[misc]
             answer.set(Timestamp(micros=due * 1000), dynamic_timer_tag=str(due))
         if self._push and batch.num_rows:
             kind = self._kind(key)
-            stored = concatenated(_tables(state, "rows"), ENTITY_EVENT_SCHEMA)
+            stored = concatenated(state.tables("rows"), ENTITY_EVENT_SCHEMA)
             touched = np.unique(to_int64(batch.column("entity_id")))
-            notices = winners_of(_tables(state, "winners"))
+            notices = winners_of(state.tables("winners"))
             yield beam.pvalue.TaggedOutput(
                 PUSH,
                 (
@@ -262,12 +258,12 @@ class EntityShardFn(beam.DoFn):  # type: ignore[misc]
         """Push again the online counters of the entities with a row the
         notice says loses (already pushed with it); no freshness samples."""
         kind = self._kind(key)
-        stored = concatenated(_tables(state, "rows"), ENTITY_EVENT_SCHEMA)
+        stored = concatenated(state.tables("rows"), ENTITY_EVENT_SCHEMA)
         loses = losing_copies(stored, notice, time_column="time_ms")
         if not loses.any():
             return
         touched = np.unique(to_int64(stored.column("entity_id"))[loses])
-        notices = winners_of(_tables(state, "winners"))
+        notices = winners_of(state.tables("winners"))
         yield beam.pvalue.TaggedOutput(
             PUSH,
             (
@@ -295,8 +291,8 @@ class EntityShardFn(beam.DoFn):  # type: ignore[misc]
         if until is not None and fire <= until:
             return  # a later due time fired first and answered these
         state = _MIRROR.open(key, token, {"rows": rows, "winners": winners})
-        stored = concatenated(_tables(state, "rows"), ENTITY_EVENT_SCHEMA)
-        notices = winners_of(_tables(state, "winners"))
+        stored = concatenated(state.tables("rows"), ENTITY_EVENT_SCHEMA)
+        notices = winners_of(state.tables("winners"))
         routed, kept, _ = answer_entity_shard(
             stored,
             kind,
@@ -311,9 +307,9 @@ class EntityShardFn(beam.DoFn):  # type: ignore[misc]
         forgets = still_needed.num_rows < notices.num_rows
         # The rows are rewritten only now and then, or when a notice is
         # forgotten: the copies it drops must be gone first.
-        if forgets or due_for_compaction(len(state.chunks("rows"))):
+        if forgets or due_for_compaction(len(state.tables("rows"))):
             state.replace("rows", [(state_bytes(kept), kept)])
-        if forgets or len(state.chunks("winners")) > 1:
+        if forgets or len(state.tables("winners")) > 1:
             notes = [still_needed] if still_needed.num_rows else []
             state.replace("winners", [(state_bytes(t), t) for t in notes])
         for user_shard, table in routed:

@@ -149,9 +149,7 @@ class EventIdFn(beam.DoFn):  # type: ignore[misc]
         key, data = element
         batch = state_table(data)
         state = _MIRROR.open(key, token, {"seen": seen})
-        stored = concatenated(
-            [table for _, table in state.chunks("seen")], DIGEST_PROJECTION_SCHEMA
-        )
+        stored = concatenated(state.tables("seen"), DIGEST_PROJECTION_SCHEMA)
         winners, copies = notices_for(stored, batch)
         state.add("seen", data, batch)
         # A compaction at the end of each granularity step the batch's times
@@ -185,12 +183,10 @@ class EventIdFn(beam.DoFn):  # type: ignore[misc]
         if until is not None and fire <= until:
             return
         state = _MIRROR.open(key, token, {"seen": seen})
-        stored = concatenated(
-            [table for _, table in state.chunks("seen")], DIGEST_PROJECTION_SCHEMA
-        )
+        stored = concatenated(state.tables("seen"), DIGEST_PROJECTION_SCHEMA)
         kept = forget_ids(stored, fire, self._config)
         forgotten.write(fire)
-        if due_for_compaction(len(state.chunks("seen"))):
+        if due_for_compaction(len(state.tables("seen"))):
             state.replace("seen", [(state_bytes(kept), kept)] if kept.num_rows else [])
 
 

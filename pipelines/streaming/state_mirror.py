@@ -126,6 +126,10 @@ class MirroredState:
         """The bag's elements with their tables, in the order they were added."""
         return list(self._copy.bags[bag])
 
+    def tables(self, bag: str) -> list[pa.Table]:
+        """The bag's tables, in the order they were added."""
+        return [table for _, table in self._copy.bags[bag]]
+
     def add(self, bag: str, element: Any, table: pa.Table | None = None) -> None:
         """Append to the bag (``table``: the element decoded, when at hand)."""
         self._copy.token = _CHANGING
