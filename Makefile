@@ -26,7 +26,7 @@ prism: $(PRISM)
 kafka: $(KAFKA_STAMP)
 
 # Built from the Go module proxy (GitHub, where Beam would download it from,
-# is out of reach); pipelines.beam.runner points Beam at it.
+# is out of reach); pipelines.batch.runner points Beam at it.
 $(PRISM): requirements/lock.txt
 	mkdir -p $(TOOLS)/bin
 	GOBIN=$(abspath $(TOOLS)/bin) GOFLAGS=-buildvcs=false \
@@ -60,13 +60,13 @@ $(STAMP): requirements/lock.txt requirements/no-deps.txt pyproject.toml
 	touch $(STAMP)
 
 demo: install
-	$(PY) -m pipelines.demo $(DEMO_ARGS)
+	$(PY) -m demos.end_to_end $(DEMO_ARGS)
 
 # Streaming: generator at a steady rate -> streaming job (+ Feast pushes) ->
 # trainer daemon on Prism, with a broker kill and restart; one screen of
 # throughput, freshness, NE and counts, and a PNG of freshness and NE.
 demo-stream: install
-	$(PY) -m pipelines.demo_stream $(DEMO_ARGS)
+	$(PY) -m demos.streaming $(DEMO_ARGS)
 
 test: lint tools services
 	$(PY) -m pytest

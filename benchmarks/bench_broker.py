@@ -33,7 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.bench_generator import hardware
-from features.kafka import EmbeddedKafka, ensure_topics
+from features.kafka import ensure_topics
+from launchers.kafka_broker import EmbeddedKafka
 
 PAYLOAD = b"x" * 1024
 

@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.bench_generator import hardware
-from pipelines.synthetic import GeneratorConfig, generate_dataset
+from pipelines.sources.synthetic import GeneratorConfig, generate_dataset
 
 ROOT = Path(__file__).resolve().parents[1]
 # About 40.7 raw events per user at 10 base events per user-day over 4 days.
@@ -62,7 +62,7 @@ else:
     # What ``python -m pipelines.reference --overwrite`` does, timed by part.
     import shutil
     from pathlib import Path
-    from pipelines import reference
+    from pipelines.core import reference
     from features.memory import reuse_freed_memory
     reuse_freed_memory()  # as reference.main() does
     for part in reference.OUTPUT_PARTS:

@@ -9,7 +9,7 @@ Publishes ``--messages`` example messages (tiny generated set, codec of
 :mod:`features.example_messages`) to the embedded broker, 2 partitions, then
 measures, in this one process and on the same topic:
 
-1. **daemon vs memory**: :func:`trainer.daemon.run_daemon_until_drained`
+1. **daemon vs memory**: :func:`trainer.training.daemon.run_daemon_until_drained`
    (tiny GEM preset, progressive validation, checkpoints every 50 steps).
    Throughput is examples/s between the first and last log record (start-up,
    group join and the final idle wait excluded). Peer: the same messages
@@ -18,7 +18,7 @@ measures, in this one process and on the same topic:
    checkpoints). Ratio = daemon / peer.
 2. **decode path alone**: kafka-python consumes the topic from the beginning
    (partitions assigned, no group) and turns every message into a
-   :class:`~trainer.batch.Batch` (``decode_example_message`` + ``make_batch``,
+   :class:`~trainer.data.batch.Batch` (``decode_example_message`` + ``make_batch``,
    no model). Peer: confluent-kafka's raw consume of the same topic from the
    beginning, no decoding. Also kafka-python's raw consume, to split the
    decode path into client and codec. Best of ``--repeat``; each timing runs
@@ -30,7 +30,7 @@ measures, in this one process and on the same topic:
    seconds from ``Popen`` to the ``time`` of its first metrics record (the
    first training step completed after the restore). Breakdown from its log
    timestamps (resume, partition assignment) plus, measured apart,
-   interpreter + imports (a ``python -c "import trainer.daemon"`` child),
+   interpreter + imports (a ``python -c "import trainer.training.daemon"`` child),
    the checkpoint load (``load_latest``), the model build and the first and
    second train step of a fresh model on one message (in this process).
 
@@ -68,19 +68,20 @@ from features.example_messages import (
     encode_example_message,
     message_headers,
 )
-from features.kafka import EmbeddedKafka, KafkaSettings, ensure_topics
+from features.kafka import KafkaSettings, ensure_topics
 from features.windows import timeline_segments
-from pipelines.reference import build_reference
-from pipelines.synthetic import GeneratorConfig, generate, validation_now_ms
-from pipelines.synthetic.world import ads_table, contents_table, users_table
-from trainer.checkpoint import checkpoint_path, load_latest
-from trainer.config import preset as preset_config
-from trainer.daemon import run_daemon_until_drained
-from trainer.inputs import make_batch
+from launchers.kafka_broker import EmbeddedKafka
+from pipelines.core.reference import build_reference
+from pipelines.sources.synthetic import GeneratorConfig, generate, validation_now_ms
+from pipelines.sources.synthetic.world import ads_table, contents_table, users_table
+from trainer.data.inputs import make_batch
+from trainer.metrics.progressive import ProgressiveMetrics
+from trainer.models.config import preset as preset_config
+from trainer.models.loss_wrapper import GEMTrain
 from trainer.models.registry import build_model, model_config
-from trainer.models.train import GEMTrain
-from trainer.progressive import ProgressiveMetrics
-from trainer.train_step import scored, train_step
+from trainer.training.checkpoint import checkpoint_path, load_latest
+from trainer.training.daemon import run_daemon_until_drained
+from trainer.training.step import scored, train_step
 
 MAX_LEN = 4096
 TOPIC = "examples"
@@ -260,7 +261,7 @@ def restart_to_first_step(
     # Measured apart: interpreter + imports, checkpoint load, model build.
     t = time.time()
     subprocess.run(
-        [sys.executable, "-c", "import trainer.daemon"], cwd=ROOT, check=True
+        [sys.executable, "-c", "import trainer.training.daemon"], cwd=ROOT, check=True
     )
     imports = time.time() - t
     t = time.perf_counter()

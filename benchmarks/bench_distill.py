@@ -29,7 +29,7 @@ Transfer ratio (LoopFM's reading of "2x the effectiveness", model.md §1.2):
 ``(NE_alone - NE_method) / (NE_alone - NE_teacher)`` on the pooled eval
 predictions of the three domain students (and per domain).
 
-Generated: ``pipelines.synthetic`` (``--days 11 --warmup-days 3``: days 1-3
+Generated: ``pipelines.sources.synthetic`` (``--days 11 --warmup-days 3``: days 1-3
 only fill histories and counters, teacher days 4-7, students 8-9,
 validation 10, eval 11; ``--teacher-period through-students`` trains the
 teacher through day 9 and shows the in-sample leak, never a result).
@@ -65,11 +65,10 @@ from benchmarks.bench_quality import (
 from benchmarks.machine import cpu_model
 from features.metrics import binary_metrics
 from features.vocab import DOMAINS, TRAINING_OBJECTIVES
-from pipelines import movielens, reference
-from pipelines.synthetic import GeneratorConfig, ModelParams, generate_dataset
-from trainer.checkpoint import list_checkpoints
-from trainer.config import tiny
-from trainer.data import (
+from pipelines import reference as reference_command
+from pipelines.sources import movielens
+from pipelines.sources.synthetic import GeneratorConfig, ModelParams, generate_dataset
+from trainer.data.feature_output import (
     ExampleDataset,
     cut_at_fraction,
     event_time_ms,
@@ -77,12 +76,19 @@ from trainer.data import (
     read_timelines,
     time_forward_split,
 )
-from trainer.distill import teacher_outputs
+from trainer.distill import teacher_pass as teacher_outputs
 from trainer.distill.records import read_teacher_outputs
 from trainer.distill.sharing import read_checkpoint, teacher_tables
 from trainer.distill.student_data import StudentData
+from trainer.distill.student_trainer import (
+    FULL,
+    DistillConfig,
+    predict_student,
+    train_student,
+)
 from trainer.distill.teacher import train_teacher
-from trainer.distill.train import FULL, DistillConfig, predict_student, train_student
+from trainer.models.config import tiny
+from trainer.training.checkpoint import list_checkpoints
 
 VARIANTS: dict[str, tuple[str, ...]] = {
     "alone": (),
@@ -463,7 +469,7 @@ def generated(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         raise SystemExit("--days must leave at least one teacher day after warm-up")
     generate_dataset(gen, work / "gen")
     assert (
-        reference.main(
+        reference_command.main(
             ["--input", str(work / "gen"), "--output", str(work / "f"), "--overwrite"]
         )
         == 0
@@ -515,7 +521,7 @@ def movielens_section(args: argparse.Namespace, work: Path) -> dict[str, Any] | 
         return None
     movielens.run(source, work / "ml", overwrite=True)
     assert (
-        reference.main(
+        reference_command.main(
             ["--input", str(work / "ml"), "--output", str(work / "f"), "--overwrite"]
         )
         == 0
@@ -590,7 +596,7 @@ def freshness(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     if not reuse:
         generate_dataset(gen, work / "gen")
         assert (
-            reference.main(
+            reference_command.main(
                 [
                     "--input",
                     str(work / "gen"),

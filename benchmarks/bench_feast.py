@@ -11,7 +11,7 @@ contract's schemas, straight from numpy (no feature job needed).
 - **SQLite**: ``store.materialize`` of the three views (what ``feast
   materialize`` runs) on the repository's embedded configuration
   (``feature_store.yaml``: the guarded SQLite store and the batch engine
-  :mod:`pipelines.feast_engine`: pyarrow read of the window, whole-column
+  :mod:`pipelines.feast.engine`: pyarrow read of the window, whole-column
   encoding to Feast's bytes, bulk upsert); with ``--feast-engine`` also
   Feast's stock local engine on the same tables into the same kind of store
   (Dask read, Feast's per-value converter), and the ratio. Peer:
@@ -55,7 +55,7 @@ from feast.infra.online_stores.helpers import compute_table_id
 
 from benchmarks.machine import cpu_model
 from features.feature_tables import FEATURE_TABLES
-from pipelines import feast_ops
+from pipelines.feast import ops as feast_ops
 
 VIEWS = ("user_profile", "user_counters", "user_sequence")
 EPOCH = dt.datetime(1970, 1, 2, tzinfo=dt.UTC)

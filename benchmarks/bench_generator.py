@@ -2,8 +2,8 @@
 
 Times, ``--repeat`` times each:
 
-- **generate + write**: :func:`pipelines.synthetic.generate` followed by
-  :func:`pipelines.synthetic.write_dataset` (events partitioned by day as
+- **generate + write**: :func:`pipelines.sources.synthetic.generate` followed by
+  :func:`pipelines.sources.synthetic.write_dataset` (events partitioned by day as
   Parquet, plus the users / ads / contents / truth tables and the manifest):
   everything ``python -m pipelines.generate`` does;
 - **write only** (the peer): ``pyarrow.parquet.write_table`` of the very same,
@@ -40,7 +40,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from benchmarks.machine import cpu_model
-from pipelines.synthetic import GeneratorConfig, generate, write_dataset
+from pipelines.sources.synthetic import GeneratorConfig, generate, write_dataset
 
 
 def hardware() -> dict[str, Any]:

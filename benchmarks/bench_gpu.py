@@ -7,13 +7,14 @@ Usage (on a CUDA machine; torchrec importable, fbgemm's CPU wheel is enough)::
         [--compile [BACKEND]] [--skip-jagged] [--json FILE]
 
 1. **Model throughput**: every model of :data:`MODEL_NAMES` per preset, batch
-   size and precision: batches built by :class:`trainer.data.ExampleDataset`
+   size and precision: batches built by
+   :class:`trainer.data.feature_output.ExampleDataset`
    (windows at the preset's ``max_seq_len``), moved to the GPU *before* the
    clock starts, Adam, three warm-up steps, then ``--steps`` timed steps
    (``torch.cuda.synchronize`` at both ends). MFU = counted FLOPs
    (``FlopCounterMode`` over one forward + backward: matmul family only, a
    lower bound) x examples/s / the GPU's dense bf16 peak (TF32 for fp32).
-2. **Input path**: GEM end to end as ``trainer.fit`` feeds it (numpy batch
+2. **Input path**: GEM end to end as ``trainer.training.fit`` feeds it (numpy batch
    building on the prefetch thread, pinned, copied non-blocking), against
    the model-only figure: the share of the GPU the input path leaves idle.
 3. **Peer in the same run**: the same model and batches on this machine's
@@ -58,16 +59,16 @@ from benchmarks.bench_model_speed import (
     skewed_lengths,
 )
 from benchmarks.machine import cpu_model
-from trainer.batch import Batch
-from trainer.config import preset
-from trainer.data import ExampleDataset
-from trainer.fit import FitConfig, make_optimizer
+from trainer.data.batch import Batch
+from trainer.data.feature_output import ExampleDataset
+from trainer.models.config import preset
+from trainer.models.loss_wrapper import GEMTrain
 from trainer.models.registry import MODEL_NAMES, build_model
-from trainer.models.train import GEMTrain
 from trainer.modules.embeddings import JaggedTokens
 from trainer.modules.pyramid import PyramidEncoder
 from trainer.ops import jagged_local_attention
-from trainer.train_step import compile_model, train_step
+from trainer.training.fit import FitConfig, make_optimizer
+from trainer.training.step import compile_model, train_step
 
 # Dense peaks by device name (datasheet, SXM): bf16 and TF32, TFLOP/s.
 PEAK_TFLOPS = {"H200": (989.0, 494.0), "H100": (989.0, 494.0), "A100": (312.0, 156.0)}

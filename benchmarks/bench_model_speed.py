@@ -5,10 +5,11 @@ Usage::
     python -m benchmarks.bench_model_speed [--steps 4] [--batch-size 256] [--json FILE]
 
 1. **Training throughput** per preset (``tiny``, ``default``) and model: a
-   small generated set (300 users, 3 days) through ``pipelines.reference``,
-   batches of ``--batch-size`` built by :class:`trainer.data.ExampleDataset`
+   small generated set (300 users, 3 days) through ``pipelines.core.reference``,
+   batches of ``--batch-size`` built by
+   :class:`trainer.data.feature_output.ExampleDataset`
    (windows at the preset's ``max_seq_len``), Adam, one warm-up step, then
-   ``--steps`` timed steps on one torch thread (see ``trainer.fit`` on why).
+   ``--steps`` timed steps on one torch thread (see ``trainer.training.fit`` on why).
    ``large`` is only built and run forward on 8 examples, if it fits.
 2. **FLOPs per example**: ``torch.utils.flop_counter.FlopCounterMode`` over
    one forward + backward (matmul-family ops only: gathers, softmax and
@@ -44,26 +45,26 @@ from typing import Any
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from trainer.config import preset
-from trainer.data import ExampleDataset
-from trainer.fit import FitConfig, make_optimizer
+from trainer.data.feature_output import ExampleDataset
+from trainer.models.config import preset
+from trainer.models.loss_wrapper import GEMTrain
 from trainer.models.registry import MODEL_NAMES, build_model
-from trainer.models.train import GEMTrain
 from trainer.modules.embeddings import JaggedTokens
 from trainer.modules.pyramid import PyramidEncoder
 from trainer.ops import jagged_local_attention
-from trainer.train_step import train_step
+from trainer.training.fit import FitConfig, make_optimizer
+from trainer.training.step import train_step
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def make_data(root: Path) -> Path:
     """A small reference feature dir (the generator + reference job)."""
-    from pipelines import reference
-    from pipelines.synthetic import GeneratorConfig, generate_dataset
+    from pipelines import reference as reference_command
+    from pipelines.sources.synthetic import GeneratorConfig, generate_dataset
 
     generate_dataset(GeneratorConfig(users=300, ads=60, days=3, seed=1), root / "gen")
-    reference.main(["--input", str(root / "gen"), "--output", str(root / "f")])
+    reference_command.main(["--input", str(root / "gen"), "--output", str(root / "f")])
     return root / "f"
 
 

@@ -4,7 +4,8 @@ forward (what the trainer daemon does).
 
 Both loops train a fresh copy of the same model (same seed) on the same
 batches in the same process, alternating in rounds, so the ratio holds on a
-noisy machine; both feed the same :class:`~trainer.progressive.ProgressiveMetrics`::
+noisy machine; both feed the same
+:class:`~trainer.metrics.progressive.ProgressiveMetrics`::
 
     python -m benchmarks.bench_progressive --preset default --steps 40 --threads 2
 """
@@ -21,16 +22,16 @@ import torch
 
 from benchmarks.machine import cpu_model
 from features.windows import timeline_segments
-from pipelines.reference import build_reference
-from pipelines.synthetic import GeneratorConfig, generate, validation_now_ms
-from pipelines.synthetic.world import ads_table, contents_table, users_table
-from trainer.batch import Batch
-from trainer.inputs import make_batch
+from pipelines.core.reference import build_reference
+from pipelines.sources.synthetic import GeneratorConfig, generate, validation_now_ms
+from pipelines.sources.synthetic.world import ads_table, contents_table, users_table
+from trainer.data.batch import Batch
+from trainer.data.inputs import make_batch
+from trainer.metrics.progressive import ProgressiveMetrics
+from trainer.models.loss_wrapper import GEMTrain
 from trainer.models.registry import build_model
-from trainer.models.train import GEMTrain
-from trainer.optimizers import adam
-from trainer.progressive import ProgressiveMetrics
-from trainer.train_step import eval_step, scored, train_step
+from trainer.training.optimizers import adam
+from trainer.training.step import eval_step, scored, train_step
 
 
 def batches(count: int, size: int, max_seq_len: int) -> list[Batch]:

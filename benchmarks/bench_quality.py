@@ -15,7 +15,7 @@ model gets the same budget rule: ``--epochs`` epochs of ``--steps`` batches
 (each epoch a fresh seeded random sample of the train period, the same
 samples for every model), scored after every epoch on a fixed sample of the
 validation period; the epoch with the best validation click NE is the one
-evaluated (:func:`trainer.fit.fit`). With ``--lrs`` (a learning-rate grid),
+evaluated (:func:`trainer.training.fit.fit`). With ``--lrs`` (a learning-rate grid),
 each model is trained once per rate and the (rate, epoch) with the best
 validation click NE is the one evaluated: the same selection rule for every
 model, so no model is stuck with a rate that only suits another. The eval
@@ -25,14 +25,14 @@ Work can be spread over processes (a GPU, or several cores): ``--prepare-only``
 writes the splits; then one process per ``--models M --lrs R --reuse``; then
 ``--combine`` tabulates what they saved (``WORK/*_models``).
 
-(a) **generated**: ``pipelines.synthetic`` events → ``pipelines.reference``
+(a) **generated**: ``pipelines.sources.synthetic`` events → ``pipelines.core.reference``
 features → validation = the second-to-last day, eval = the last day → NE /
 AUC / calibration per (domain, objective), next to the **Bayes-optimal**
 metrics of the generator's true probabilities (``truth.parquet``) on exactly
 the eval impressions, and the fraction of the DLRM → Bayes NE gap GEM closes.
 
 (b) **movielens**: ``../shared/data/movielens-1m-dev`` (skipped with a
-message when absent) → ``pipelines.movielens`` → reference features → eval =
+message when absent) → ``pipelines.sources.movielens`` → reference features → eval =
 the last 10 % of impressions (fixed timestamp), validation = the last 10 % of
 the rest.
 
@@ -79,17 +79,18 @@ from benchmarks import quality_seeds
 from benchmarks.quality_seeds import best_validation
 from features.metrics import binary_metrics
 from features.vocab import DOMAINS, TRAINING_OBJECTIVES
-from pipelines import movielens, reference
-from pipelines.synthetic import GeneratorConfig, generate_dataset
-from trainer.config import ModelConfig, preset
-from trainer.data import (
+from pipelines.core import reference
+from pipelines.sources import movielens
+from pipelines.sources.synthetic import GeneratorConfig, generate_dataset
+from trainer.data.feature_output import (
     ExampleDataset,
     cut_at_fraction,
     read_examples,
     time_forward_split,
 )
-from trainer.fit import FitConfig, fit
+from trainer.models.config import ModelConfig, preset
 from trainer.models.registry import MODEL_NAMES
+from trainer.training.fit import FitConfig, fit
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 TABLE_CAP = 20_011

@@ -47,9 +47,9 @@ from features.windows import (
     attach_windows,
     example_windows,
 )
-from pipelines.reference import build_reference
-from pipelines.synthetic import GeneratorConfig, generate, validation_now_ms
-from pipelines.synthetic.world import ads_table, contents_table, users_table
+from pipelines.core.reference import build_reference
+from pipelines.sources.synthetic import GeneratorConfig, generate, validation_now_ms
+from pipelines.sources.synthetic.world import ads_table, contents_table, users_table
 
 LENGTHS = (256, 4096)
 

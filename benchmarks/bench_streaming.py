@@ -5,7 +5,7 @@ or a soak: memory over a long live stream.
         [--broker-down-seconds 3]
     python -m benchmarks.bench_streaming --soak-seconds 600 --rate 300
 
-One run of :func:`pipelines.demo_stream.run_stream_demo` (generator at a
+One run of :func:`demos.streaming.run_stream_demo` (generator at a
 steady rate -> streaming job on Prism with Feast pushes -> trainer daemon,
 all on the embedded broker, which ``--broker-down-seconds`` kills half-way
 through the publishing and restarts that long after), and its peer in the
@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.machine import cpu_model
-from pipelines.demo_stream import StreamDemoConfig, job_runner, run_stream_demo
+from demos.streaming import StreamDemoConfig, job_runner, run_stream_demo
 
 
 def batch_peer(data: Path, out: Path) -> dict[str, Any]:
@@ -79,10 +79,15 @@ def soak(seconds: float, rate: float, output: Path, days: int) -> dict[str, Any]
     import sys
     import threading
 
-    from features.kafka import EmbeddedKafka, ensure_topics
-    from pipelines.event_stream import publish_events
-    from pipelines.reference import read_input
-    from pipelines.synthetic import GeneratorConfig, generate_dataset, validation_now_ms
+    from features.kafka import ensure_topics
+    from launchers.kafka_broker import EmbeddedKafka
+    from pipelines.core.reference import read_input
+    from pipelines.sources.event_stream import publish_events
+    from pipelines.sources.synthetic import (
+        GeneratorConfig,
+        generate_dataset,
+        validation_now_ms,
+    )
 
     wanted = int(seconds * rate)
     # About 12 events per user and day in the generated world; 20 % spare.

@@ -46,13 +46,18 @@ from typing import Any
 
 from benchmarks.machine import cpu_model
 from features.example_messages import decode_example_message
-from features.kafka import EmbeddedKafka, KafkaSettings, ensure_topics, topic_records
-from pipelines.event_stream import publish_events
-from pipelines.reference import build_reference, read_input
-from pipelines.synthetic import GeneratorConfig, generate_dataset, validation_now_ms
-from trainer.checkpoint import PAUSE_ENV as CHECKPOINT_PAUSE_ENV
-from trainer.checkpoint import list_checkpoints
-from trainer.daemon import APPLIED_LOG_ENV
+from features.kafka import KafkaSettings, ensure_topics, topic_records
+from launchers.kafka_broker import EmbeddedKafka
+from pipelines.core.reference import build_reference, read_input
+from pipelines.sources.event_stream import publish_events
+from pipelines.sources.synthetic import (
+    GeneratorConfig,
+    generate_dataset,
+    validation_now_ms,
+)
+from trainer.training.checkpoint import PAUSE_ENV as CHECKPOINT_PAUSE_ENV
+from trainer.training.checkpoint import list_checkpoints
+from trainer.training.daemon import APPLIED_LOG_ENV
 
 REPO = Path(__file__).resolve().parents[1]
 EVENTS_TOPIC = "events"
@@ -232,7 +237,7 @@ def daemon_faults(
 ) -> dict[str, Any]:
     """Part 2: the trainer daemon under SIGKILLs, a torn checkpoint write, a
     flipped bit and a broker outage, on the examples the job published."""
-    from trainer.checkpoint import load_latest
+    from trainer.training.checkpoint import load_latest
 
     settings = broker.settings
     sent = [(r.partition, r.offset) for r in topic_records(settings, EXAMPLES_TOPIC)]

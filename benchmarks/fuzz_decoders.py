@@ -23,12 +23,12 @@ event_table              ``validate_event_table`` on Arrow tables built from
                          with a rejected row the batch job's Parquet path
                          too, ``ValidateEventsFn.compute`` on
                          ``RawEvents(table=)`` (its dead letters)
-jsonl_batch              ``pipelines.beam.validate.ValidateEventsFn.compute``
+jsonl_batch              ``pipelines.batch.validate.ValidateEventsFn.compute``
                          on the lines of one JSONL file (``RawEvents`` of
                          payloads): counts balance, every dead-letter line is
                          strict JSON that UTF-8 can encode
 parquet_file             the batch job's reader of one Parquet events file
-                         (``pipelines.beam.io.ReadEventFileFn``) whose columns
+                         (``pipelines.batch.io.ReadEventFileFn``) whose columns
                          have the contract's types or foreign ones (uint64
                          ids, float ids, naive or nanosecond times, binary or
                          dictionary strings), written on tmpfs, then
@@ -46,7 +46,7 @@ example_message          ``features.example_messages.decode_example_message``
 example_message_body     the same decoder on messages re-framed with
                          ``frame_streams`` (a valid checksum), so mutations
                          reach the Arrow decoding behind the checksum
-trainer_example_record   ``trainer.kafka_source.KafkaSource._decode`` (the
+trainer_example_record   ``trainer.data.kafka_source.KafkaSource._decode`` (the
                          daemon's consumer thread: decode, ``make_batch``,
                          dead letter) on re-framed messages: a batch, or one
                          dead letter with the original bytes
@@ -66,7 +66,7 @@ dimension_rows           ``features.dimensions.validate_user`` / ``_ad`` /
                          its Arrow schema
 =======================  ===================================================
 
-``pipelines.event_stream.read_events`` has no decoder of its own: it calls
+``pipelines.sources.event_stream.read_events`` has no decoder of its own: it calls
 ``decode_event`` per message and keeps a ``DeadLetter`` (targets
 ``decode_event`` and ``dead_letter``).
 
@@ -85,7 +85,7 @@ hits counted apart (``fallbacks``): within the contract, but a bug hidden.
 
 Each target runs in its own process (``atheris.Fuzz`` exits when done),
 seeded with valid messages from the synthetic generator
-(``pipelines.synthetic``) and hand-written events, plus the target's inputs
+(``pipelines.sources.synthetic``) and hand-written events, plus the target's inputs
 under ``tests/fuzz_corpus/``, with a dictionary of the contract's field names
 and vocabulary for the JSON targets. Coverage is
 libFuzzer's final ``cov:`` (edges) and ``ft:`` (features) over the
@@ -269,7 +269,7 @@ def _base_events() -> list[dict[str, Any]]:
 
 
 def _generated_world() -> Any:
-    from pipelines.synthetic import GeneratorConfig, generate
+    from pipelines.sources.synthetic import GeneratorConfig, generate
 
     return generate(GeneratorConfig(users=12, ads=4, days=1, seed=5))
 
@@ -432,11 +432,11 @@ def make_stream_event(seeds: list[bytes]) -> Check:
 
 def jsonl_batch(data: bytes, path: str = "fuzz/events.jsonl") -> Any:
     """``data`` as the batch job reads a JSONL file: its non-blank lines with
-    their line numbers (``pipelines.event_files.jsonl_payloads``), or None."""
+    their line numbers (``pipelines.core.event_files.jsonl_payloads``), or None."""
     import io
 
-    from pipelines.beam.validate import RawEvents
-    from pipelines.event_files import jsonl_payloads
+    from pipelines.batch.validate import RawEvents
+    from pipelines.core.event_files import jsonl_payloads
 
     numbered = list(jsonl_payloads(io.BytesIO(data)))
     if not numbered:
@@ -493,7 +493,7 @@ def _check_validated_batch(batch: Any, result: Any) -> None:
 
 def make_jsonl_batch(seeds: list[bytes]) -> Check:
     """Target ``jsonl_batch``."""
-    from pipelines.beam.validate import ValidateEventsFn
+    from pipelines.batch.validate import ValidateEventsFn
 
     validator = ValidateEventsFn(FUZZ_NOW_MS)
 
@@ -576,7 +576,7 @@ def make_event_table(seeds: list[bytes]) -> Check:
     import pyarrow as pa
 
     from features.events import EVENT_SCHEMA, validate_event, validate_event_table
-    from pipelines.beam.validate import RawEvents, ValidateEventsFn
+    from pipelines.batch.validate import RawEvents, ValidateEventsFn
 
     validator = ValidateEventsFn(FUZZ_NOW_MS)
     strings = [f.name for f in EVENT_SCHEMA if pa.types.is_string(f.type)]
@@ -731,9 +731,9 @@ def make_parquet_file(seeds: list[bytes]) -> Check:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from pipelines.beam.io import ReadEventFileFn
-    from pipelines.beam.validate import ValidateEventsFn
-    from pipelines.event_files import InputFileError
+    from pipelines.batch.io import ReadEventFileFn
+    from pipelines.batch.validate import ValidateEventsFn
+    from pipelines.core.event_files import InputFileError
 
     reader, validator = ReadEventFileFn(), ValidateEventsFn(FUZZ_NOW_MS)
     # The file is built in memory and lands on tmpfs in one write: the reader
@@ -773,9 +773,9 @@ def example_message_seeds() -> list[bytes]:
     from features.example_messages import encode_example_message
     from features.examples import TIMELINE_SEGMENT_SCHEMA, training_example_schema
     from features.windows import timeline_segments
-    from pipelines.reference import build_reference
-    from pipelines.synthetic import GeneratorConfig, validation_now_ms
-    from pipelines.synthetic.world import ads_table, contents_table, users_table
+    from pipelines.core.reference import build_reference
+    from pipelines.sources.synthetic import GeneratorConfig, validation_now_ms
+    from pipelines.sources.synthetic.world import ads_table, contents_table, users_table
 
     world = _generated_world()
     reference = build_reference(
@@ -875,7 +875,7 @@ def make_example_message_body(seeds: list[bytes]) -> Check:
 def make_trainer_example_record(seeds: list[bytes]) -> Check:
     """Target ``trainer_example_record``."""
     from features.example_messages import message_headers
-    from trainer.kafka_source import KafkaSource
+    from trainer.data.kafka_source import KafkaSource
 
     # _decode appends each dead letter to a .jsonl path, emptied per input.
     sink = Path(tempfile.mkdtemp(prefix="fuzz-dead-letters-")) / "dead.jsonl"
@@ -958,12 +958,12 @@ TEACHER_WIDTH = 4
 
 
 def _teacher_check(frame: Callable[[bytes], bytes]) -> Check:
-    from trainer.distill.daemon import TeacherCache, _teacher_decoder
     from trainer.distill.records import (
         AlignedTeacher,
         decode_teacher_message,
         teacher_message_headers,
     )
+    from trainer.distill.student_daemon import TeacherCache, _teacher_decoder
 
     headers = teacher_message_headers()
     daemon_decoder = _teacher_decoder(TEACHER_WIDTH)
@@ -1052,7 +1052,7 @@ def make_dead_letter(seeds: list[bytes]) -> Check:
 
 def dimension_seeds() -> list[bytes]:
     """A valid row of each dimension table, as JSON."""
-    from pipelines.synthetic.world import ads_table, contents_table, users_table
+    from pipelines.sources.synthetic.world import ads_table, contents_table, users_table
 
     world = _generated_world().world
     seeds = []

@@ -99,7 +99,7 @@ def _unavailable(*_: Any, **__: Any) -> None:
 _placeholder_torchrec()
 
 from features.registry import DENSE_FEATURES, SEQUENCE_FEATURES, SPARSE_FEATURES  # noqa: E402
-from trainer.config import ModelConfig, preset  # noqa: E402
+from trainer.models.config import ModelConfig, preset  # noqa: E402
 from trainer.modules.embeddings import TARGET_FEATURES, JaggedTokens, capped_size, mlp  # noqa: E402
 from trainer.modules.heads import MultiDomainHeads, multi_domain_loss  # noqa: E402
 from trainer.modules.interformer import InterFormer  # noqa: E402

@@ -1,7 +1,7 @@
 """Which parts of the generator's true click logit does each model capture?
 
 The generated world's click logit is a sum of known terms
-(:func:`pipelines.synthetic.outcomes.simulate_outcomes`): the domain x format
+(:func:`pipelines.sources.synthetic.outcomes.simulate_outcomes`): the domain x format
 intercept, long-term interest ``2.5 theta_u[topic]``, recent same-topic
 activity ``0.8 log1p(recent)``, ad quality, age x category, device x format
 and an hour-of-day wave. Regressing a model's eval-period click logits on
@@ -45,12 +45,12 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from features.metrics import binary_metrics
-from pipelines.synthetic import GeneratorConfig, generate
-from pipelines.synthetic.assemble import time_order
-from pipelines.synthetic.outcomes import FORMAT_DOMAIN_CLICK, HOUR_MS
-from pipelines.synthetic.params import K_TOPICS
-from pipelines.synthetic.timelines import BaseEvents
-from trainer.data import read_examples
+from pipelines.sources.synthetic import GeneratorConfig, generate
+from pipelines.sources.synthetic.assemble import time_order
+from pipelines.sources.synthetic.outcomes import FORMAT_DOMAIN_CLICK, HOUR_MS
+from pipelines.sources.synthetic.params import K_TOPICS
+from pipelines.sources.synthetic.timelines import BaseEvents
+from trainer.data.feature_output import read_examples
 
 # The manifest arguments that are GeneratorConfig fields.
 _CONFIG_FIELDS = ("users", "ads", "days", "seed", "events_per_user_day", "contents")

@@ -1,7 +1,7 @@
 """The feature job's outputs: Feast feature tables and the files on disk.
 
 Every producer of features (the Beam job ``pipelines/build.py`` and the
-single-process reference ``pipelines/reference.py``) writes exactly these
+single-process reference ``pipelines/core/reference.py``) writes exactly these
 tables and this layout; a test holds the two to the same content. Schemas are
 derived from :mod:`features.registry`, never typed twice.
 

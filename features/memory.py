@@ -22,7 +22,7 @@ Applied once per process, in the process that runs the work: the feature
 job's launcher (which is also the worker with an embedded runner) and every
 worker's ``DoFn.setup``, where the job's tuning asks for it
 (``--tune-allocator``, on by default only where the job runs in one local
-process: :mod:`pipelines.beam.tuning`); the reference and every trainer
+process: :mod:`pipelines.batch.tuning`); the reference and every trainer
 command apply it always. Explicit settings win: nothing changes for Arrow
 when ``ARROW_DEFAULT_MEMORY_POOL`` is set, nor for glibc when any
 ``MALLOC_*_`` variable is; nothing happens off glibc. Neither Beam nor torch

@@ -26,7 +26,7 @@ window.
 ``(t - event_time) / 1000`` seconds, as a float (milliseconds are not rounded
 to whole seconds first).
 
-numpy and pyarrow only: the trainer (:mod:`trainer.inputs`), the reference
+numpy and pyarrow only: the trainer (:mod:`trainer.data.inputs`), the reference
 pipeline and the Feast sequence table all read windows through this module.
 """
 

@@ -11,7 +11,7 @@ job on any runner.
 ``--input`` and ``--output`` are folders or URLs of any scheme Beam's
 filesystems know (``gs://bucket/out`` on Dataflow). Without ``--runner`` the
 batch job runs on the in-process FnApiRunner; ``--runner=DirectRunner`` runs
-it on Prism. The job is :mod:`pipelines.beam.job`; ``--streaming`` runs
+it on Prism. The job is :mod:`pipelines.batch.job`; ``--streaming`` runs
 :mod:`pipelines.streaming.job` instead.
 """
 
@@ -30,8 +30,8 @@ from features.cli import (
     no_broker,
     run_command,
 )
-from pipelines.beam.beam_flags import add_beam_arguments
-from pipelines.beam.flags import add_build_arguments
+from pipelines.batch.beam_flags import add_beam_arguments
+from pipelines.batch.flags import add_build_arguments
 from pipelines.streaming.flags import add_streaming_arguments
 
 MODULE = "pipelines.build"
@@ -41,7 +41,7 @@ _OWN_FLAGS = ("--log-level",)
 
 def build_parser() -> CommandParser:
     """Every flag of the command: the job's (batch and ``--streaming``) and
-    Beam's pipeline options (from a cache, :mod:`pipelines.beam.beam_flags`:
+    Beam's pipeline options (from a cache, :mod:`pipelines.batch.beam_flags`:
     Beam itself is not imported), so a misspelled one of either is an error
     naming the closest."""
     parser = CommandParser(
@@ -75,7 +75,7 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
         from pipelines.streaming.job import run as run_streaming
 
         return run_streaming(flags)
-    from pipelines.beam.job import run_batch
+    from pipelines.batch.job import run_batch
 
     return run_batch(options)
 

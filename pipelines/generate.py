@@ -7,10 +7,10 @@ Example::
     python -m pipelines.generate --users 1000 --ads 200 --days 1 \\
         --kafka-bootstrap localhost:9092 --topic events --rate 5000
 
-The work is done by :mod:`pipelines.synthetic`; this module only parses
+The work is done by :mod:`pipelines.sources.synthetic`; this module only parses
 arguments (before importing the generator, so ``--help`` answers at once),
 writes the output directory and hands the events to the Kafka publisher
-(:func:`pipelines.event_stream.publish_events`).
+(:func:`pipelines.sources.event_stream.publish_events`).
 """
 
 from __future__ import annotations
@@ -27,9 +27,10 @@ from features.cli import CommandError, CommandParser, run_command
 from features.kafka.settings import add_kafka_arguments
 
 if TYPE_CHECKING:
-    from pipelines.synthetic import GeneratorConfig
+    from pipelines.sources.synthetic import GeneratorConfig
 
-# pipelines.synthetic.writer.FORMATS, which loads pyarrow (tests hold the two equal).
+# pipelines.sources.synthetic.writer.FORMATS, which loads pyarrow (tests hold the two
+# equal).
 EVENT_FORMATS: Final = ("parquet", "jsonl")
 
 
@@ -113,7 +114,7 @@ def build_parser() -> CommandParser:
 
 def config_from_args(args: argparse.Namespace) -> GeneratorConfig:
     """The generator configuration the arguments describe."""
-    from pipelines.synthetic import GeneratorConfig, ModelParams
+    from pipelines.sources.synthetic import GeneratorConfig, ModelParams
 
     return GeneratorConfig(
         users=args.users,
@@ -133,7 +134,7 @@ def config_from_args(args: argparse.Namespace) -> GeneratorConfig:
 def _publish(events: Any, args: argparse.Namespace) -> dict[str, Any]:
     """Send the events to Kafka (imports the Kafka code only when asked to)."""
     from features.kafka import KafkaSettings, ensure_topics
-    from pipelines.event_stream import publish_events
+    from pipelines.sources.event_stream import publish_events
 
     settings = KafkaSettings.from_args(args)
     if settings.embedded:
@@ -171,7 +172,7 @@ def _generate(parser: CommandParser, args: argparse.Namespace) -> int:
         config = config_from_args(args)
     except ValueError as error:
         parser.error(str(error))
-    from pipelines.synthetic import generate, write_dataset
+    from pipelines.sources.synthetic import generate, write_dataset
 
     started = time.perf_counter()
     data = generate(config)

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from features.kafka import EmbeddedKafka, KafkaSettings, ensure_topics
+from features.kafka import KafkaSettings, ensure_topics
+from launchers.kafka_broker import EmbeddedKafka
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 

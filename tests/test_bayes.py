@@ -14,8 +14,8 @@ import pytest
 
 from features import vocab
 from features.metrics import binary_metrics
-from pipelines import bayes
-from pipelines.synthetic import GeneratorConfig, generate_dataset
+from pipelines.sources import bayes
+from pipelines.sources.synthetic import GeneratorConfig, generate_dataset
 
 CONFIG = GeneratorConfig(users=12000, ads=1000, days=2, seed=21)
 

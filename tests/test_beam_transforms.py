@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from features.dimensions import AD_SCHEMA, CONTENT_SCHEMA, USER_SCHEMA
 from features.events import encode_event_table, events_from_records
 from features.memory import reuse_freed_memory
-from pipelines.beam.arrow import (
+from pipelines.batch.arrow import (
     ArrowTableCoder,
     AsOfIndex,
     asof_index,
@@ -29,9 +29,20 @@ from pipelines.beam.arrow import (
     ipc_to_table,
     table_to_ipc,
 )
-from pipelines.beam.counters import EXAMPLE_COUNTERS, FEATURE_ROWS, CountEngagement
-from pipelines.beam.examples import BuildExamples
-from pipelines.beam.kernels import (
+from pipelines.batch.counters import EXAMPLE_COUNTERS, FEATURE_ROWS, CountEngagement
+from pipelines.batch.examples import BuildExamples
+from pipelines.batch.parallel import PooledDoFn
+from pipelines.batch.timelines import (
+    BuildTimelines,
+    DedupeEvents,
+    build_timelines,
+    dedupe_events,
+    user_sequence_parts,
+    user_sequences,
+)
+from pipelines.batch.tuning import WorkerTuning
+from pipelines.batch.validate import RawEvents, ValidateEvents, ValidateEventsFn
+from pipelines.core.kernels import (
     BackgroundWrites,
     WindowCounter,
     first_of_each,
@@ -40,17 +51,6 @@ from pipelines.beam.kernels import (
     timeline_order,
     write_parquet_bytes,
 )
-from pipelines.beam.parallel import PooledDoFn
-from pipelines.beam.timelines import (
-    BuildTimelines,
-    DedupeEvents,
-    build_timelines,
-    dedupe_events,
-    user_sequence_parts,
-    user_sequences,
-)
-from pipelines.beam.tuning import WorkerTuning
-from pipelines.beam.validate import RawEvents, ValidateEvents, ValidateEventsFn
 
 T0 = 1_790_000_000_000  # 2026-09-21
 NOW = T0 + 30 * 86_400_000

@@ -18,8 +18,13 @@ import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.structs import OffsetAndMetadata
 
-from features.kafka import BrokerStartError, EmbeddedKafka, KafkaSettings, topic_records
-from features.kafka.broker import LOOPBACK, kafka_cluster
+from features.kafka import KafkaSettings, topic_records
+from launchers.kafka_broker import (
+    LOOPBACK,
+    BrokerStartError,
+    EmbeddedKafka,
+    kafka_cluster,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -93,7 +98,7 @@ def test_broker_dies_with_a_killed_parent(tmp_path: Path) -> None:
     """A SIGKILLed parent (a crashed test runner) leaves no broker behind."""
     script = (
         "import time, sys\n"
-        "from features.kafka import EmbeddedKafka\n"
+        "from launchers.kafka_broker import EmbeddedKafka\n"
         "b = EmbeddedKafka(); b.start()\n"
         "print(b.pid, flush=True)\n"
         "time.sleep(60)\n"
@@ -128,7 +133,7 @@ def _default_sigint() -> None:
 
 def test_cli_runs_until_interrupted(tmp_path: Path) -> None:
     process = subprocess.Popen(
-        [sys.executable, "-m", "features.kafka.broker", "--topic", "events:4"],
+        [sys.executable, "-m", "launchers.kafka_broker", "--topic", "events:4"],
         stdout=subprocess.PIPE,
         text=True,
         # Ctrl-C as a terminal delivers it: a test run started in the
@@ -242,7 +247,7 @@ def _broker_command(
 ) -> subprocess.CompletedProcess[str]:
     command = [sys.executable, "-W", "error::RuntimeWarning", "-m"]
     return subprocess.run(
-        [*command, "features.kafka.broker", *args],
+        [*command, "launchers.kafka_broker", *args],
         capture_output=True,
         text=True,
         env={**os.environ, **(env or {})},
@@ -253,7 +258,7 @@ def _broker_command(
 def test_cli_help_runs_without_a_runpy_warning() -> None:
     done = _broker_command("--help")
     assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("usage: python -m features.kafka.broker ")
+    assert done.stdout.startswith("usage: python -m launchers.kafka_broker ")
     assert done.stderr == ""
 
 
@@ -271,7 +276,7 @@ def test_cli_without_java_says_so(tmp_path: Path) -> None:
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
     assert lines == [
-        "python -m features.kafka.broker: error: no java on PATH: the embedded "
+        "python -m launchers.kafka_broker: error: no java on PATH: the embedded "
         "Kafka broker needs Java 17 or newer; install a JDK or set JAVA_HOME"
     ]
 

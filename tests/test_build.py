@@ -33,22 +33,26 @@ from features.feature_tables import COUNT_NAMES, FEATURE_TABLES, LAYOUT_VERSION
 from features.kafka import KafkaSettings
 from features.windows import attach_windows
 from pipelines import build
-from pipelines.beam.io import InputFileError
-from pipelines.beam.runner import (
+from pipelines.batch.io import InputFileError
+from pipelines.batch.runner import (
     prepare_runner,
     prism_binary,
     runner_name,
     use_local_prism,
 )
-from pipelines.event_stream import publish_events, publish_raw
-from pipelines.reference import (
+from pipelines.core.reference import (
     ReferenceOutput,
     build_reference,
     read_event_input,
     read_input,
 )
-from pipelines.synthetic import GeneratorConfig, generate_dataset, validation_now_ms
-from pipelines.synthetic.writer import read_events
+from pipelines.sources.event_stream import publish_events, publish_raw
+from pipelines.sources.synthetic import (
+    GeneratorConfig,
+    generate_dataset,
+    validation_now_ms,
+)
+from pipelines.sources.synthetic.writer import read_events
 
 ROOT = Path(__file__).resolve().parents[1]
 MOVIELENS = ROOT.parent / "shared" / "data" / "movielens-100k"
@@ -187,7 +191,7 @@ def test_a_missing_prism_binary_is_said(
 ) -> None:
     monkeypatch.setenv("GEM_PRISM", "/nonexistent/prism")
     options = PipelineOptions(["--runner=DirectRunner"])
-    with caplog.at_level(logging.WARNING, logger="pipelines.beam.runner"):
+    with caplog.at_level(logging.WARNING, logger="pipelines.batch.runner"):
         use_local_prism(options)
     assert options.view_as(PrismRunnerOptions).prism_location is None
     assert "no Prism binary at /nonexistent/prism (run `make prism`)" in caplog.text
@@ -237,7 +241,7 @@ def test_dead_letters_hold_fields_and_reason(
 def test_movielens_equals_the_reference(tmp_path: Path) -> None:
     if not (MOVIELENS / "u.data").is_file():
         pytest.skip(f"MovieLens 100k not present at {MOVIELENS}")
-    from pipelines import movielens
+    from pipelines.sources import movielens
 
     source = tmp_path / "ml"
     movielens.run(MOVIELENS, source)

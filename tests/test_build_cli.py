@@ -18,11 +18,11 @@ import pytest
 from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentParser
 from apache_beam.runners.runner import PipelineState
 
-from pipelines.beam import beam_flags
-from pipelines.beam.io import ReadEvents, find_event_files
-from pipelines.beam.progress import files_read, follow
-from pipelines.beam.runner import use_local_prism
-from pipelines.beam.tuning import (
+from pipelines.batch import beam_flags
+from pipelines.batch.io import ReadEvents, find_event_files
+from pipelines.batch.progress import files_read, follow
+from pipelines.batch.runner import use_local_prism
+from pipelines.batch.tuning import (
     ONE_PROCESS,
     SHARED_MACHINE,
     TunedDoFn,
@@ -30,11 +30,11 @@ from pipelines.beam.tuning import (
     runs_in_one_process,
     tuning_for,
 )
-from pipelines.beam.validate import ValidateEvents
+from pipelines.batch.validate import ValidateEvents
 from pipelines.build import beam_argv, build_parser
 from pipelines.generate import EVENT_FORMATS
-from pipelines.synthetic import GeneratorConfig, generate_dataset
-from pipelines.synthetic.writer import FORMATS
+from pipelines.sources.synthetic import GeneratorConfig, generate_dataset
+from pipelines.sources.synthetic.writer import FORMATS
 
 ROOT = Path(__file__).resolve().parents[1]
 

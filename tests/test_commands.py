@@ -19,7 +19,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 HEAVY = ("torch", "torchrec", "fbgemm_gpu", "feast", "pandas", "pyarrow")
 # Beam jobs list Beam's own options too, from a cache of Beam's table
-# (pipelines.beam.beam_flags): Beam itself stays out of their --help.
+# (pipelines.batch.beam_flags): Beam itself stays out of their --help.
 BEAM_JOBS = {"pipelines.build"}
 
 # Every command that talks to Kafka (features.kafka.add_kafka_arguments).
@@ -39,7 +39,7 @@ KAFKA_FLAGS: set[str] = {
 # command -> the flags its --help lists (for the Beam jobs: the job's own
 # flags; Beam's are checked by name below).
 COMMANDS: dict[str, set[str]] = {
-    "pipelines.feast_ops": {"--env", "--features-dir", "--state-dir", "--project"},
+    "pipelines.feast": {"--env", "--features-dir", "--state-dir", "--project"},
     "pipelines.build": {
         "--input",
         "--output",
@@ -85,8 +85,8 @@ COMMANDS: dict[str, set[str]] = {
     | KAFKA_FLAGS,
     "pipelines.movielens": {"--source", "--output", "--overwrite"},
     "pipelines.reference": {"--input", "--output", "--now-ms", "--overwrite"},
-    "pipelines.bayes": {"--input", "--json"},
-    "pipelines.demo": {
+    "pipelines.sources.bayes": {"--input", "--json"},
+    "demos.end_to_end": {
         "--users",
         "--ads",
         "--days",
@@ -114,7 +114,7 @@ COMMANDS: dict[str, set[str]] = {
         "--seed",
         "--work",
     },
-    "features.kafka.broker": {"--port", "--home", "--topic", "--sasl-user", "--log"},
+    "launchers.kafka_broker": {"--port", "--home", "--topic", "--sasl-user", "--log"},
     "trainer.fit": {
         "--train",
         "--eval",
@@ -139,7 +139,7 @@ COMMANDS: dict[str, set[str]] = {
         "--metrics-out",
         "--save",
     },
-    "trainer.split": {
+    "trainer.data.split": {
         "--input",
         "--train",
         "--validation",

@@ -2,8 +2,8 @@
 
 Each batch has a different jagged total, and the pyramid's pooling and the
 history truncation have data-dependent output sizes. Set up with
-:func:`trainer.train_step.compile_model` and
-:func:`trainer.train_step.mark_dynamic_batch`, dynamo must trace the whole
+:func:`trainer.training.step.compile_model` and
+:func:`trainer.training.step.mark_dynamic_batch`, dynamo must trace the whole
 forward (TorchRec inputs included) into one graph and reuse it for every
 batch. These checks run dynamo only (the traced graph runs eagerly), so they
 take seconds; ``test_model_gem.test_torch_compile_smoke`` adds AOT autograd
@@ -19,8 +19,8 @@ import torch
 from torch._dynamo.testing import CompileCounter
 
 from tests.test_model_batches import random_batch
+from trainer.models.loss_wrapper import GEMTrain
 from trainer.models.registry import build_model
-from trainer.models.train import GEMTrain
 from trainer.ops import (
     Kernel,
     capture_jagged_sizes,
@@ -31,7 +31,7 @@ from trainer.ops import (
     jagged_to_padded_dense,
     jagged_truncate_last,
 )
-from trainer.train_step import compile_model, mark_dynamic_batch
+from trainer.training.step import compile_model, mark_dynamic_batch
 
 # Histories of different totals; B is fixed, as in training. (A batch with
 # fewer than 2 events in all compiles a second graph: dynamo assumes a

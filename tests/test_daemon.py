@@ -21,19 +21,19 @@ from features.example_messages import encode_example_message, message_headers
 from features.kafka import KafkaSettings
 from features.metrics import binary_metrics
 from features.windows import timeline_segments
-from pipelines.reference import ReferenceOutput, build_reference
-from pipelines.synthetic import GeneratorConfig, generate, validation_now_ms
-from pipelines.synthetic.world import ads_table, contents_table, users_table
-from trainer.checkpoint import (
+from pipelines.core.reference import ReferenceOutput, build_reference
+from pipelines.sources.synthetic import GeneratorConfig, generate, validation_now_ms
+from pipelines.sources.synthetic.world import ads_table, contents_table, users_table
+from trainer.metrics.progressive import ProgressiveMetrics
+from trainer.models.config import tiny
+from trainer.training.checkpoint import (
     list_checkpoints,
     load_latest,
     model_from_record,
     save_checkpoint,
 )
-from trainer.config import tiny
-from trainer.daemon import DaemonConfig, run, run_daemon_until_drained
-from trainer.progressive import ProgressiveMetrics
-from trainer.train_step import EvalOutput
+from trainer.training.daemon import DaemonConfig, run, run_daemon_until_drained
+from trainer.training.step import EvalOutput
 
 PER_MESSAGE = 16
 MAX_LEN = 4096  # the tiny preset's
@@ -261,7 +261,7 @@ def test_resume_equals_uninterrupted(
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_pinned_batches_copy_to_the_gpu_unchanged(reference: ReferenceOutput) -> None:
     """The daemon's GPU input path: pin on the decode thread, copy non-blocking."""
-    from trainer.inputs import make_batch
+    from trainer.data.inputs import make_batch
 
     chunk = reference.examples.slice(0, 16)
     batch = make_batch(

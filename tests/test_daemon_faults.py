@@ -20,10 +20,11 @@ from pathlib import Path
 
 import pytest
 
-from features.kafka import EmbeddedKafka, KafkaSettings, ensure_topics
-from pipelines.reference import ReferenceOutput
+from features.kafka import KafkaSettings, ensure_topics
+from launchers.kafka_broker import EmbeddedKafka
+from pipelines.core.reference import ReferenceOutput
 from tests.test_daemon import applied_chain, messages, publish, tiny_reference
-from trainer.checkpoint import list_checkpoints, load_latest
+from trainer.training.checkpoint import list_checkpoints, load_latest
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -28,7 +28,7 @@ import torch
 
 from features.kafka import KafkaSettings
 from features.kafka.topics import topic_records
-from pipelines.reference import ReferenceOutput
+from pipelines.core.reference import ReferenceOutput
 from tests.test_daemon import (
     PER_MESSAGE,
     applied_chain,
@@ -44,14 +44,14 @@ from tests.test_daemon_faults import (
     start,
     wait_for,
 )
-from trainer.checkpoint import (
+from trainer.training.checkpoint import (
     CORRUPT_SUFFIX,
     CheckpointWriteError,
     list_checkpoints,
     load_latest,
     save_checkpoint,
 )
-from trainer.daemon import run_daemon_until_drained
+from trainer.training.daemon import run_daemon_until_drained
 
 FIVE_MB = 5 * 1024 * 1024
 
@@ -464,7 +464,7 @@ def test_daemon_on_a_full_disk_keeps_its_last_checkpoint_and_says_so(
 def test_metrics_endpoint_listens_on_loopback_by_default() -> None:
     import urllib.request
 
-    from trainer.reporting import Reporter
+    from trainer.metrics.reporting import Reporter
 
     reporter = Reporter(prometheus_port=_free_port())
     try:
@@ -523,7 +523,7 @@ def test_hostile_teacher_outputs_get_a_reason() -> None:
 def test_resume_state_refuses_only_a_directory_of_unusable_checkpoints(
     tmp_path: Path,
 ) -> None:
-    from trainer.checkpoint import NoUsableCheckpointError, resume_state
+    from trainer.training.checkpoint import NoUsableCheckpointError, resume_state
 
     assert resume_state(tmp_path / "missing") is None
     (tmp_path / "progressive_ne.png").write_bytes(b"\x89PNG")
@@ -542,12 +542,12 @@ def test_the_student_rejects_teacher_rows_of_another_width() -> None:
     import numpy as np
     import pyarrow as pa
 
-    from trainer.distill.daemon import _teacher_decoder
     from trainer.distill.records import (
         NUM_LOGITS,
         encode_teacher_message,
         teacher_output_table,
     )
+    from trainer.distill.student_daemon import _teacher_decoder
 
     table = teacher_output_table(
         pa.array(["a"]),

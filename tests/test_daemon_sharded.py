@@ -31,7 +31,7 @@ import pytest
 import torch
 
 from features.kafka import KafkaSettings
-from pipelines.reference import ReferenceOutput
+from pipelines.core.reference import ReferenceOutput
 from tests.test_daemon import (
     MAX_LEN,
     applied_chain,
@@ -39,7 +39,7 @@ from tests.test_daemon import (
     publish,
     tiny_reference,
 )
-from trainer.checkpoint import load_latest
+from trainer.training.checkpoint import load_latest
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -63,7 +63,7 @@ CONTINUE = [(500, 16), (600, 12)]
 
 def _batch(start: int, count: int) -> object:
     from features.windows import timeline_segments
-    from trainer.inputs import make_batch
+    from trainer.data.inputs import make_batch
 
     reference = tiny_reference()
     chunk = reference.examples.slice(start, count)
@@ -73,8 +73,8 @@ def _batch(start: int, count: int) -> object:
 
 def _model(seed: int) -> torch.nn.Module:
     from trainer.models.base_rate import BaseRateOffset, prior_logits
+    from trainer.models.loss_wrapper import GEMTrain
     from trainer.models.registry import build_model
-    from trainer.models.train import GEMTrain
 
     torch.manual_seed(seed)
     return GEMTrain(
@@ -133,8 +133,7 @@ def worker(out: Path) -> None:
     """Rank body of the equality test (run under torchrun, 2 ranks)."""
     import torch.distributed as dist
 
-    from trainer.checkpoint import save_checkpoint
-    from trainer.sharding import (
+    from trainer.distributed.sharding import (
         ADAGRAD_EPS,
         ModelParallel,
         OptimizerConfig,
@@ -142,6 +141,7 @@ def worker(out: Path) -> None:
         borrow_batch,
         table_parameter_names,
     )
+    from trainer.training.checkpoint import save_checkpoint
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
@@ -310,10 +310,10 @@ def test_a_step_scores_its_batch_as_an_eval_forward_before_it_would(
 ) -> None:
     """The daemon's progressive metrics come from the step's own forward:
     equal to scoring the batch in eval mode just before the step."""
+    from trainer.distributed.sharding import OptimizerConfig, Replicated
+    from trainer.models.loss_wrapper import GEMTrain
     from trainer.models.registry import build_model
-    from trainer.models.train import GEMTrain
-    from trainer.sharding import OptimizerConfig, Replicated
-    from trainer.train_step import eval_step, scored
+    from trainer.training.step import eval_step, scored
 
     torch.manual_seed(0)
     model = GEMTrain(build_model(name, "tiny"))

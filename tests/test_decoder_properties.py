@@ -43,7 +43,7 @@ from features.example_messages import (
     frame_streams,
     message_headers,
 )
-from pipelines.beam.validate import ValidateEventsFn
+from pipelines.batch.validate import ValidateEventsFn
 from tests.test_events import IMPRESSION
 from trainer.distill.records import decode_teacher_message, teacher_message_headers
 

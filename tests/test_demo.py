@@ -68,7 +68,7 @@ def _demo(tmp_path: Path, *extra: str) -> subprocess.Popen[str]:
         [
             sys.executable,
             "-m",
-            "pipelines.demo",
+            "demos.end_to_end",
             *TINY,
             "--output",
             str(tmp_path),

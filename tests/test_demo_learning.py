@@ -1,5 +1,5 @@
 """The demo's learning check and its PNG, on metrics records in the daemon's
-format (``trainer.reporting.Reporter``)."""
+format (``trainer.metrics.reporting.Reporter``)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from pipelines import demo_learning
+from demos import learning as demo_learning
 
 
 def _slice(count: int, positives: int, ne: float, auc: float) -> dict[str, float]:

@@ -11,15 +11,15 @@ import torch
 
 from features.kafka import KafkaSettings
 from features.vocab import DOMAINS
-from trainer.checkpoint import load_latest, model_record, save_checkpoint
-from trainer.config import tiny
-from trainer.distill.daemon import StudentDaemonConfig
-from trainer.distill.daemon import run as run_student
-from trainer.distill.teacher_stream import run_stream
-from trainer.distill.train import FULL, DistillConfig
+from trainer.distill.student_daemon import StudentDaemonConfig
+from trainer.distill.student_daemon import run as run_student
+from trainer.distill.student_trainer import FULL, DistillConfig
+from trainer.distill.teacher_topic import run_stream
 from trainer.models.base_rate import BaseRateOffset, prior_logits
+from trainer.models.config import tiny
+from trainer.models.loss_wrapper import GEMTrain
 from trainer.models.registry import build_model
-from trainer.models.train import GEMTrain
+from trainer.training.checkpoint import load_latest, model_record, save_checkpoint
 
 from .test_daemon import PER_MESSAGE, messages, publish, tiny_reference
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 
 from pipelines import generate as generate_cli
-from pipelines.synthetic import GeneratorConfig, ModelParams, generate
-from pipelines.synthetic.params import DAY_MS
+from pipelines.sources.synthetic import GeneratorConfig, ModelParams, generate
+from pipelines.sources.synthetic.params import DAY_MS
 
 BASE = {"users": 150, "ads": 30, "days": 3, "seed": 5}
 

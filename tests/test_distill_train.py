@@ -16,27 +16,27 @@ import pytest
 import torch
 
 from features.vocab import DOMAINS, TRAINING_OBJECTIVES
-from pipelines import reference
-from pipelines.synthetic import GeneratorConfig, generate_dataset
-from trainer.config import tiny
-from trainer.data import (
+from pipelines import reference as reference_command
+from pipelines.sources.synthetic import GeneratorConfig, generate_dataset
+from trainer.data.feature_output import (
     ExampleDataset,
     event_time_ms,
     read_examples,
     read_timelines,
     time_forward_split,
 )
-from trainer.distill import teacher_outputs
+from trainer.distill import teacher_pass as teacher_outputs
 from trainer.distill.adapter import StudentAdapter
 from trainer.distill.records import read_teacher_outputs
 from trainer.distill.student_data import StudentData
-from trainer.distill.teacher import load_teacher, train_teacher
-from trainer.distill.train import (
+from trainer.distill.student_trainer import (
     DistillConfig,
     adapter_step,
     build_student,
     train_student,
 )
+from trainer.distill.teacher import load_teacher, train_teacher
+from trainer.models.config import tiny
 
 REPO = Path(__file__).resolve().parents[1]
 SEQ = 16
@@ -50,7 +50,10 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     config = GeneratorConfig(users=250, ads=50, days=3, seed=11)
     generate_dataset(config, root / "gen")
     assert (
-        reference.main(["--input", str(root / "gen"), "--output", str(root / "f")]) == 0
+        reference_command.main(
+            ["--input", str(root / "gen"), "--output", str(root / "f")]
+        )
+        == 0
     )
     cut = int(event_time_ms(read_examples(root / "f")).min()) // 86_400_000 + 1
     time_forward_split(root / "f", cut * 86_400_000, root / "old", root / "new")
@@ -148,7 +151,7 @@ CHILD = """
 import json, sys
 from trainer.distill.__main__ import main
 rc = main(sys.argv[1:])
-teacher_code = ("trainer.distill.teacher", "trainer.distill.teacher_outputs",
+teacher_code = ("trainer.distill.teacher", "trainer.distill.teacher_pass",
                 "trainer.models.gem", "trainer.models.registry",
                 "trainer.modules.heads", "trainer.modules.interformer")
 print(json.dumps({"rc": rc, "imported": [m for m in teacher_code if m in sys.modules]}))

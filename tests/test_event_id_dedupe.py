@@ -38,14 +38,19 @@ from features.events import EVENT_SCHEMA
 from features.examples import TIMELINE_SCHEMA, training_example_schema
 from features.feature_tables import COUNT_NAMES
 from pipelines import build
-from pipelines.beam.arrow import shard_of
-from pipelines.beam.kernels import (
+from pipelines.batch.arrow import shard_of
+from pipelines.core.kernels import (
     copy_winners,
     drop_losing_copies,
     id_projection,
     winning_copies,
 )
-from pipelines.reference import ReferenceOutput, build_reference, read_input
+from pipelines.core.reference import ReferenceOutput, build_reference, read_input
+from pipelines.sources.synthetic import (
+    GeneratorConfig,
+    generate_dataset,
+    validation_now_ms,
+)
 from pipelines.streaming.config import StreamConfig
 from pipelines.streaming.entity_state import answer_entity_shard, route_entity_rows
 from pipelines.streaming.event_ids import forget_ids, notices_for, winners_table
@@ -57,7 +62,6 @@ from pipelines.streaming.tables import (
     state_bytes,
 )
 from pipelines.streaming.user_state import Dimensions, release_user_shard
-from pipelines.synthetic import GeneratorConfig, generate_dataset, validation_now_ms
 
 CONFIG = GeneratorConfig(users=40, ads=10, days=2, seed=7)
 NOW = validation_now_ms(CONFIG)

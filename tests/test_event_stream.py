@@ -16,8 +16,8 @@ from kafka import KafkaConsumer, TopicPartition
 
 from features.events import EVENT_SCHEMA, events_from_records
 from features.kafka import KafkaSettings
-from pipelines.event_stream import publish_events, publish_raw, read_events
-from pipelines.synthetic import read_events as read_generated
+from pipelines.sources.event_stream import publish_events, publish_raw, read_events
+from pipelines.sources.synthetic import read_events as read_generated
 
 pytestmark = pytest.mark.integration
 

@@ -3,7 +3,7 @@
 ``feast -c feature_repo apply`` / ``materialize-incremental`` run as a user
 runs them (the ``feast`` executable, in a subprocess) on a copy of the repo as
 a fresh clone has it: no ``demo-output/``, nothing in ``feature_repo/data/``.
-``python -m pipelines.feast_ops`` turns what a user can fix (no tables, no
+``python -m pipelines.feast`` turns what a user can fix (no tables, no
 Redis, no PostgreSQL) into one line and exit status 2.
 """
 
@@ -21,7 +21,7 @@ import pytest
 from feast import FeatureStore
 
 from features.feature_tables import FEATURE_TABLES
-from pipelines import feast_ops
+from pipelines.feast import ops as feast_ops
 
 ROOT = Path(__file__).resolve().parents[1]
 FEAST = Path(sys.executable).with_name("feast")
@@ -108,7 +108,7 @@ def test_feast_ops_reads_the_contracts_time_column() -> None:
 
 def run_feast_ops(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "pipelines.feast_ops", *args],
+        [sys.executable, "-m", "pipelines.feast", *args],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -121,7 +121,7 @@ def one_line_error(done: subprocess.CompletedProcess[str]) -> str:
     assert done.returncode == 2, done.stdout + done.stderr
     assert "Traceback" not in done.stderr
     (line,) = done.stderr.strip().splitlines()
-    assert line.startswith("python -m pipelines.feast_ops: error: ")
+    assert line.startswith("python -m pipelines.feast: error: ")
     return line
 
 

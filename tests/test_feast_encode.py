@@ -20,7 +20,7 @@ from feast.type_map import python_values_to_proto_values
 from feast.value_type import ValueType
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from pipelines import feast_encode
+from pipelines.feast import encode as feast_encode
 
 RNG = np.random.default_rng(3)
 EDGE_INTS = [0, 1, -1, 127, 128, 16383, 16384, 2**31 - 1, -(2**31), 2**63 - 1, -(2**63)]

@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines import feast_engine
+from pipelines.feast import engine as feast_engine
 
 RNG = np.random.default_rng(7)
 BASE_MS = 1_790_000_000_000

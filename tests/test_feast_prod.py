@@ -26,7 +26,8 @@ from feast import FeatureStore, RepoConfig
 from feast.value_type import ValueType
 
 from features.feature_tables import FEATURE_TABLES
-from pipelines import feast_ops, feast_sqlite
+from pipelines.feast import ops as feast_ops
+from pipelines.feast import sqlite as feast_sqlite
 from tests.test_feast_store import (
     FeatureJob,
     active_user,
@@ -294,7 +295,8 @@ def test_redis_writes_stay_atomic_when_a_concurrent_write_lands(
     keys WATCHed. A write landing between the check and the EXEC (a push)
     aborts the transaction; the chunk is then checked and written again in
     one script, so the newer pushed row survives and the rest are written."""
-    from pipelines import feast_encode, feast_engine
+    from pipelines.feast import encode as feast_encode
+    from pipelines.feast import engine as feast_engine
 
     store = redis_store(tmp_path, project)
     try:

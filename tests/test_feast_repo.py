@@ -22,7 +22,7 @@ from feast.types import Array, Float32, Int32, Int64
 from features.examples import TIMELINE_SCHEMA, training_example_schema
 from features.feature_tables import EVENT_TIMESTAMP, FEATURE_TABLES
 from features.registry import DENSE_FEATURES, SEQUENCE_FEATURES, SPARSE_FEATURES
-from pipelines import feast_ops
+from pipelines.feast import ops as feast_ops
 
 ROOT = Path(__file__).resolve().parents[1]
 REPO = ROOT / "feature_repo"
@@ -68,7 +68,7 @@ def test_feast_types_follow_the_arrow_types() -> None:
 
 
 def test_feast_pipeline_and_trainer_name_the_same_features() -> None:
-    trainer_batch = pytest.importorskip("trainer.batch")
+    trainer_batch = pytest.importorskip("trainer.data.batch")
     keys = {t.entity for t in FEATURE_TABLES.values()}
     request = set(services_module.REQUEST_FEATURES)
     gem = served_names("gem_ranking_v1")
@@ -146,7 +146,7 @@ def test_one_env_var_switches_the_configuration(
     monkeypatch.delenv(feast_ops.ENV_VAR, raising=False)
     assert feast_ops.config_file() == REPO / "feature_store.yaml"
     local = feast_ops.repo_config(state_dir=tmp_path, project="p1")
-    assert local.online_store.type == "pipelines.feast_sqlite.GuardedSqliteOnlineStore"
+    assert local.online_store.type == "pipelines.feast.sqlite.GuardedSqliteOnlineStore"
     assert local.online_store.path == str(tmp_path / "online_store.db")
     assert local.registry.path == str(tmp_path / "registry.db")
     assert local.project == "p1"
@@ -164,7 +164,7 @@ def test_one_env_var_switches_the_configuration(
     assert prod["online_store"]["connection_string"] == "${GEM_FEAST_REDIS}"
     assert prod["registry"]["registry_type"] == "sql"
     assert prod["registry"]["path"] == "${GEM_FEAST_REGISTRY_URL}"
-    # Both materialize with our engine (pipelines/feast_engine.py).
+    # Both materialize with our engine (pipelines/feast/engine.py).
     assert prod["batch_engine"]["type"] == feast_ops.ENGINE_TYPE
     assert local.batch_engine_config["type"] == feast_ops.ENGINE_TYPE
 
@@ -242,7 +242,7 @@ def test_feast_cli_applies_and_materializes_the_feature_job_output(
     assert done.returncode == 0, done.stdout + done.stderr
     assert "Deploying infrastructure for user_sequence" in done.stdout
     store = FeatureStore(repo_path=str(REPO), fs_yaml_file=fs_yaml)
-    # The CLI materialized with the yaml's engine (pipelines/feast_engine.py).
+    # The CLI materialized with the yaml's engine (pipelines/feast/engine.py).
     assert store.config.batch_engine_config["type"] == feast_ops.ENGINE_TYPE
     user = int(job.output.feature_tables["user_profile"]["user_id"][0].as_py())
     got = store.get_online_features(

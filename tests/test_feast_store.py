@@ -28,10 +28,11 @@ from feast.infra.online_stores.sqlite import SqliteOnlineStoreConfig
 
 from features import vocab
 from features.feature_tables import EVENT_TIMESTAMP, FEATURE_TABLES
-from pipelines import feast_ops, feast_sqlite
-from pipelines.reference import ReferenceOutput, build_reference, write_output
-from pipelines.synthetic import GeneratorConfig, generate, validation_now_ms
-from pipelines.synthetic.world import ads_table, contents_table, users_table
+from pipelines.core.reference import ReferenceOutput, build_reference, write_output
+from pipelines.feast import ops as feast_ops
+from pipelines.feast import sqlite as feast_sqlite
+from pipelines.sources.synthetic import GeneratorConfig, generate, validation_now_ms
+from pipelines.sources.synthetic.world import ads_table, contents_table, users_table
 
 CONFIG = GeneratorConfig(users=150, ads=40, days=2, seed=11)
 NOW_MS = validation_now_ms(CONFIG)

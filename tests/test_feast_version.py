@@ -1,4 +1,4 @@
-"""The Feast version guard of the engine and stores (pipelines/feast_version.py).
+"""The Feast version guard of the engine and stores (pipelines/feast/version.py).
 
 The decision is pure (a version string and the internals found missing in,
 one line out), so other Feast releases are given to it as strings; the
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines import feast_version
+from pipelines.feast import version as feast_version
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -28,8 +28,12 @@ from apache_beam.io.filesystem import (
 from apache_beam.io.filesystems import FileSystems
 
 from pipelines import build
-from pipelines.event_files import InputFileError
-from pipelines.synthetic import GeneratorConfig, generate_dataset, validation_now_ms
+from pipelines.core.event_files import InputFileError
+from pipelines.sources.synthetic import (
+    GeneratorConfig,
+    generate_dataset,
+    validation_now_ms,
+)
 
 SCHEME = "gemtest"
 PREFIX = f"{SCHEME}://"

@@ -1,4 +1,4 @@
-"""``trainer.fit`` end to end on a tiny generated set (reference features)."""
+"""``trainer.training.fit`` end to end on a tiny generated set (reference features)."""
 
 from __future__ import annotations
 
@@ -11,16 +11,17 @@ import numpy as np
 import pytest
 
 from features.vocab import DOMAINS, TRAINING_OBJECTIVES
-from pipelines import reference
-from pipelines.synthetic import GeneratorConfig, generate_dataset
-from trainer import fit as fit_module
-from trainer.data import (
+from pipelines import reference as reference_command
+from pipelines.sources.synthetic import GeneratorConfig, generate_dataset
+from trainer import fit as fit_command
+from trainer.data.feature_output import (
     ExampleDataset,
     cut_at_fraction,
     event_time_ms,
     read_examples,
     time_forward_split,
 )
+from trainer.training import fit as fit_module
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = GeneratorConfig(users=300, ads=60, days=3, seed=7)
@@ -34,7 +35,10 @@ def split(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, int]:
     root = tmp_path_factory.mktemp("fit")
     generate_dataset(CONFIG, root / "gen")
     assert (
-        reference.main(["--input", str(root / "gen"), "--output", str(root / "f")]) == 0
+        reference_command.main(
+            ["--input", str(root / "gen"), "--output", str(root / "f")]
+        )
+        == 0
     )
     cut = cut_at_fraction(root / "f", 0.8)
     n_train, n_eval = time_forward_split(root / "f", cut, root / "train", root / "eval")
@@ -46,7 +50,7 @@ def split(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, int]:
 
 def _run(train: Path, evals: Path, out: Path, *extra: str) -> dict:
     argv = ["--train", str(train), "--eval", str(evals), "--metrics-out", str(out)]
-    assert fit_module.main([*argv, *FAST, *extra]) == 0
+    assert fit_command.main([*argv, *FAST, *extra]) == 0
     return json.loads(out.read_text())
 
 
@@ -173,7 +177,7 @@ def test_recalibration_calibrates_the_validation_period_and_keeps_rankings(
         GeneratorConfig(users=3000, ads=200, days=3, seed=3), tmp_path / "g"
     )
     assert (
-        reference.main(
+        reference_command.main(
             ["--input", str(tmp_path / "g"), "--output", str(tmp_path / "f")]
         )
         == 0
@@ -206,7 +210,7 @@ def test_recalibration_without_validation_is_refused(
 ) -> None:
     train, evals, _ = split
     argv = ["--train", str(train), "--eval", str(evals), "--recalibrate"]
-    assert fit_module.main([*argv, "--metrics-out", str(tmp_path / "x.json")]) == 2
+    assert fit_command.main([*argv, "--metrics-out", str(tmp_path / "x.json")]) == 2
     assert capsys.readouterr().err.strip() == (
         "python -m trainer.fit: error: --recalibrate needs --validation; "
         "add --validation DIR"

@@ -26,14 +26,14 @@ from features.events import (
     validate_event,
     validate_event_table,
 )
-from pipelines.beam.io import ReadEventFileFn
-from pipelines.beam.validate import RawEvents, ValidateEventsFn
-from trainer.distill.daemon import TeacherCache
+from pipelines.batch.io import ReadEventFileFn
+from pipelines.batch.validate import RawEvents, ValidateEventsFn
 from trainer.distill.records import (
     decode_teacher_message,
     encode_teacher_message,
     teacher_output_schema,
 )
+from trainer.distill.student_daemon import TeacherCache
 
 CORPUS = Path(__file__).parent / "fuzz_corpus"
 

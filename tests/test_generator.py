@@ -26,7 +26,7 @@ from features.events import (
     validate_event_table,
 )
 from pipelines import generate as cli
-from pipelines.synthetic import (
+from pipelines.sources.synthetic import (
     TRUTH_SCHEMA,
     Generated,
     GeneratorConfig,
@@ -36,8 +36,8 @@ from pipelines.synthetic import (
     read_events,
     validation_now_ms,
 )
-from pipelines.synthetic.assemble import id_strings, time_order
-from pipelines.synthetic.sampling import SegmentSampler
+from pipelines.sources.synthetic.assemble import id_strings, time_order
+from pipelines.sources.synthetic.sampling import SegmentSampler
 
 SMALL = GeneratorConfig(users=3000, ads=300, days=2, seed=11)
 # Large enough for rates of rare events to be compared with some confidence.

@@ -16,15 +16,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipelines import reference
-from pipelines.synthetic import GeneratorConfig, generate_dataset
+from pipelines import reference as reference_command
+from pipelines.sources.synthetic import GeneratorConfig, generate_dataset
 from tests.test_model_batches import random_batch
-from trainer import fit as fit_module
-from trainer.config import preset
-from trainer.data import cut_at_fraction, time_forward_split
+from trainer import fit as fit_command
+from trainer.data.feature_output import cut_at_fraction, time_forward_split
+from trainer.models.config import preset
+from trainer.models.loss_wrapper import GEMTrain
 from trainer.models.registry import MODEL_NAMES, build_model
-from trainer.models.train import GEMTrain
-from trainer.train_step import train_step
+from trainer.training import fit as fit_module
+from trainer.training.step import train_step
 
 pytestmark = [
     pytest.mark.gpu,
@@ -78,7 +79,7 @@ def test_a_train_step_on_cuda_equals_the_cpu(name: str) -> None:
 def test_fit_on_cuda_reports_the_device_and_close_metrics(tmp_path: Path) -> None:
     generate_dataset(GeneratorConfig(users=300, ads=60, days=3, seed=7), tmp_path / "g")
     assert (
-        reference.main(
+        reference_command.main(
             ["--input", str(tmp_path / "g"), "--output", str(tmp_path / "f")]
         )
         == 0
@@ -93,7 +94,7 @@ def test_fit_on_cuda_reports_the_device_and_close_metrics(tmp_path: Path) -> Non
             "--model", "dlrm", "--preset", "tiny", "--max-seq-len", "32",
             "--batch-size", "256", "--device", device, "--metrics-out", str(out),
         ]  # fmt: skip
-        assert fit_module.main(argv) == 0
+        assert fit_command.main(argv) == 0
         reports[device] = json.loads(out.read_text())
     assert reports["cuda"]["config"]["device"] != "cpu"
     for key in ("click", "conversion"):

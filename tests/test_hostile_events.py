@@ -5,7 +5,7 @@ integer conversion, int64 overflow building a table, a lone surrogate failing
 to encode). Here each one goes through every path that reads events from
 outside: :func:`features.events.decode_event`, the batch job on JSONL and
 Parquet files, the reference on the same files, the Beam job's events-topic
-reader, :func:`pipelines.event_stream.read_events` and the streaming job's
+reader, :func:`pipelines.sources.event_stream.read_events` and the streaming job's
 reader, on a real broker. Each path must count ``read = valid + dead
 letters``, and each dead letter must hold the original bytes, where they came
 from (file and line or row, or topic, partition and offset) and the reason.
@@ -38,11 +38,16 @@ from features.events import (
 )
 from features.fields import MAX_STRING_CHARS
 from features.kafka import KafkaSettings, topic_records
-from pipelines import build, reference
-from pipelines.event_files import row_payloads
-from pipelines.event_stream import publish_raw, read_events
-from pipelines.synthetic import GeneratorConfig, generate_dataset, validation_now_ms
-from pipelines.synthetic.writer import read_events as read_generated
+from pipelines import build
+from pipelines import reference as reference_command
+from pipelines.core.event_files import row_payloads
+from pipelines.sources.event_stream import publish_raw, read_events
+from pipelines.sources.synthetic import (
+    GeneratorConfig,
+    generate_dataset,
+    validation_now_ms,
+)
+from pipelines.sources.synthetic.writer import read_events as read_generated
 
 CONFIG = GeneratorConfig(users=20, ads=6, days=1, seed=11)
 NOW = validation_now_ms(CONFIG)
@@ -376,7 +381,7 @@ def test_the_reference_reads_the_same_layouts_and_dead_letters_the_same(
     root, expected, read = hostile_input
     out = tmp_path / "ref"
     argv = ["--input", str(root), "--output", str(out), "--now-ms", str(NOW)]
-    assert reference.main(argv) == 0
+    assert reference_command.main(argv) == 0
     counts = json.loads((out / "summary.json").read_text())["counts"]
     assert counts["events_read"] == read
     assert counts["events_dead_lettered"] == len(expected)
@@ -458,7 +463,7 @@ def test_topic_readers_dead_letter_each_hostile_message(
     assert counts["events_dead_lettered"] == len(hostile)
     assert _letters(out) == expected
 
-    # pipelines.event_stream, with a copy on a dead-letter topic.
+    # pipelines.sources.event_stream, with a copy on a dead-letter topic.
     dlq = kafka_topic(1)
     report = read_events(
         kafka_settings, topic, group_id=f"g-{uuid.uuid4().hex}", dead_letter_topic=dlq
@@ -504,7 +509,7 @@ def test_a_letter_larger_than_its_topic_is_cut_to_fit_never_dropped(
     kafka_settings: KafkaSettings, kafka_topic: Callable[[int], str]
 ) -> None:
     """A 200 KB message against dead-letter topics of 64 KiB: the copy of
-    ``pipelines.event_stream`` and the streaming job's publisher each write
+    ``pipelines.sources.event_stream`` and the streaming job's publisher each write
     the letter, cut, saying so, with the whole message's length and hash."""
     from pipelines.streaming.publish import PublishDeadLettersFn
 

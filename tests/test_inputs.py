@@ -26,11 +26,11 @@ from features.windows import (
     example_windows,
     timeline_segments,
 )
-from pipelines.reference import ReferenceOutput, build_reference
-from pipelines.synthetic import GeneratorConfig, generate, validation_now_ms
-from pipelines.synthetic.world import ads_table, contents_table, users_table
-from trainer.batch import SEQUENCE_FEATURE_NAMES, SPARSE_FEATURE_NAMES, Batch
-from trainer.inputs import make_batch
+from pipelines.core.reference import ReferenceOutput, build_reference
+from pipelines.sources.synthetic import GeneratorConfig, generate, validation_now_ms
+from pipelines.sources.synthetic.world import ads_table, contents_table, users_table
+from trainer.data.batch import SEQUENCE_FEATURE_NAMES, SPARSE_FEATURE_NAMES, Batch
+from trainer.data.inputs import make_batch
 
 MAX_LEN = 32
 

@@ -1,4 +1,4 @@
-"""SASL against the real broker: ``python -m features.kafka.broker
+"""SASL against the real broker: ``python -m launchers.kafka_broker
 --sasl-user`` listens for SASL_PLAINTEXT, and clients whose only settings are
 a ``--kafka-config`` file (``security.protocol``, ``sasl.mechanism``,
 ``sasl.jaas.config``) authenticate with each offered mechanism; a wrong
@@ -44,7 +44,7 @@ def sasl_bootstrap() -> Iterator[str]:
         [
             sys.executable,
             "-m",
-            "features.kafka.broker",
+            "launchers.kafka_broker",
             "--sasl-user",
             f"{USER}:{PASSWORD}",
         ],

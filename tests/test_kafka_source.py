@@ -17,9 +17,9 @@ import pyarrow.compute as pc
 from features.example_messages import encode_example_message, message_headers
 from features.kafka import KafkaSettings
 from features.windows import timeline_segments
-from pipelines.reference import ReferenceOutput
+from pipelines.core.reference import ReferenceOutput
 from tests.test_daemon import MAX_LEN, PER_MESSAGE, tiny_reference
-from trainer.kafka_source import Item, KafkaSource
+from trainer.data.kafka_source import Item, KafkaSource
 
 
 def time_ordered_chunks(reference: ReferenceOutput, count: int) -> list[pa.Table]:

@@ -27,14 +27,14 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from features.kafka import KafkaSettings
 from features.vocab import DOMAINS
-from pipelines.reference import ReferenceOutput
+from pipelines.core.reference import ReferenceOutput
 from tests.test_daemon import PER_MESSAGE, messages, publish, tiny_reference
 from tests.test_daemon_faults import finish, start, wait_for
-from trainer.kafka_source import KafkaSource
-from trainer.progressive import ProgressiveMetrics
-from trainer.prometheus import RunTotals
-from trainer.reporting import Reporter, ThinnedHistory
-from trainer.train_step import EvalOutput
+from trainer.data.kafka_source import KafkaSource
+from trainer.metrics.progressive import ProgressiveMetrics
+from trainer.metrics.prometheus import RunTotals
+from trainer.metrics.reporting import Reporter, ThinnedHistory
+from trainer.training.step import EvalOutput
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
@@ -348,11 +348,11 @@ def message_chunks(reference: ReferenceOutput, count: int) -> list[pa.Table]:
 
 def initial_teacher(directory: Path) -> Path:
     """A GEM teacher checkpoint: tiny preset, initial weights."""
-    from trainer.checkpoint import model_record, save_checkpoint
-    from trainer.config import tiny
     from trainer.models.base_rate import BaseRateOffset, prior_logits
+    from trainer.models.config import tiny
+    from trainer.models.loss_wrapper import GEMTrain
     from trainer.models.registry import build_model
-    from trainer.models.train import GEMTrain
+    from trainer.training.checkpoint import model_record, save_checkpoint
 
     torch.manual_seed(0)
     model = GEMTrain(BaseRateOffset(build_model("gem", "tiny"), prior_logits()))
@@ -375,9 +375,9 @@ def test_student_daemon_metrics_over_http(
     reference: ReferenceOutput,
     tmp_path: Path,
 ) -> None:
-    from trainer.distill.daemon import StudentDaemonConfig
-    from trainer.distill.daemon import run as run_student
-    from trainer.distill.teacher_stream import run_stream
+    from trainer.distill.student_daemon import StudentDaemonConfig
+    from trainer.distill.student_daemon import run as run_student
+    from trainer.distill.teacher_topic import run_stream
 
     examples_topic, teacher_topic = kafka_topic(2), kafka_topic(2)
     publish(kafka_settings, examples_topic, messages(reference, 4), 2)

@@ -1,7 +1,7 @@
-"""Random but valid :class:`trainer.batch.Batch` es for the model tests.
+"""Random but valid :class:`trainer.data.batch.Batch` es for the model tests.
 
 Test helper (not production code): builds batches that honour the layouts in
-:mod:`trainer.batch` (one id per sparse feature, equal sequence lengths across
+:mod:`trainer.data.batch` (one id per sparse feature, equal sequence lengths across
 sequence keys, ids inside each registry table, lengths that may be 0).
 Examples are built one by one so that a test can reorder them.
 """
@@ -16,7 +16,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from features.registry import DENSE_FEATURES, SEQUENCE_FEATURES, SPARSE_FEATURES
 from features.vocab import DOMAINS, TRAINING_OBJECTIVES
-from trainer.batch import SEQUENCE_FEATURE_NAMES, SPARSE_FEATURE_NAMES, Batch
+from trainer.data.batch import SEQUENCE_FEATURE_NAMES, SPARSE_FEATURE_NAMES, Batch
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ def random_examples(lengths: list[int], seed: int = 0) -> list[Example]:
 def make_batch(examples: list[Example]) -> Batch:
     """Pack examples into a Batch (KJT values key-major, int32 lengths).
 
-    int32 lengths match what :mod:`trainer.inputs` produces.
+    int32 lengths match what :mod:`trainer.data.inputs` produces.
     """
     b = len(examples)
     sparse_values = np.stack([e.sparse for e in examples], axis=1).reshape(-1)

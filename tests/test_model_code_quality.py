@@ -24,7 +24,7 @@ import trainer.modules
 import trainer.ops
 
 MAX_NUM_ARGS_IN_MODULE_CTOR = 5
-MODEL_CODE = ["trainer.config", "trainer.train_step"] + [
+MODEL_CODE = ["trainer.models.config", "trainer.training.step"] + [
     info.name
     for package in (trainer.ops, trainer.modules, trainer.models)
     for info in pkgutil.walk_packages(package.__path__, package.__name__ + ".")

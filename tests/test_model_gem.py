@@ -10,14 +10,14 @@ import torch
 
 from features.vocab import DOMAINS
 from tests.test_model_batches import make_batch, random_batch, random_examples
-from trainer.config import preset, tiny
+from trainer.models.config import preset, tiny
 from trainer.models.gem import GEM
+from trainer.models.loss_wrapper import GEMTrain
 from trainer.models.registry import MODEL_NAMES, build_model, model_config
-from trainer.models.train import GEMTrain
 from trainer.modules.embeddings import JaggedTokens
 from trainer.modules.interformer import InterFormer
 from trainer.ops import Kernel
-from trainer.train_step import (
+from trainer.training.step import (
     collect_predictions,
     compile_model,
     eval_step,

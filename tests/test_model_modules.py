@@ -12,8 +12,8 @@ from torch import nn
 
 from features.registry import DENSE_FEATURES, SEQUENCE_FEATURES, SPARSE_FEATURES
 from tests.test_model_batches import random_batch
-from trainer.batch import Batch
-from trainer.config import HeadsConfig, InterFormerConfig, PyramidConfig, tiny
+from trainer.data.batch import Batch
+from trainer.models.config import HeadsConfig, InterFormerConfig, PyramidConfig, tiny
 from trainer.modules.attention import (
     PMA,
     CrossLayerAttention,

@@ -1,4 +1,4 @@
-"""Tests of the MovieLens conversion (:mod:`pipelines.movielens`).
+"""Tests of the MovieLens conversion (:mod:`pipelines.sources.movielens`).
 
 The tests on real data read GroupLens files in place from the shared data
 folder (``../shared/data`` next to the repository, or ``$GEM_SHARED_DATA``) and
@@ -30,8 +30,14 @@ from features.events import (
     EVENT_SCHEMA,
     validate_event_table,
 )
-from pipelines import movielens
-from pipelines.movielens import LayoutError, assign_domains, detect_layout, main, run
+from pipelines.movielens import main
+from pipelines.sources import movielens
+from pipelines.sources.movielens import (
+    LayoutError,
+    assign_domains,
+    detect_layout,
+    run,
+)
 
 SHARED_DATA = Path(
     os.environ.get("GEM_SHARED_DATA")

@@ -38,9 +38,10 @@ from features.registry import (
     string_bucket,
 )
 from features.windows import TIMELINE_SEQUENCE_COLUMNS
-from pipelines.reference import ReferenceOutput, build_reference, main
-from pipelines.synthetic import GeneratorConfig, generate, validation_now_ms
-from pipelines.synthetic.world import ads_table, contents_table, users_table
+from pipelines.core.reference import ReferenceOutput, build_reference
+from pipelines.reference import main
+from pipelines.sources.synthetic import GeneratorConfig, generate, validation_now_ms
+from pipelines.sources.synthetic.world import ads_table, contents_table, users_table
 
 CONFIG = GeneratorConfig(users=150, ads=40, days=3, seed=3)
 NOW = validation_now_ms(CONFIG)
@@ -464,7 +465,7 @@ def test_movielens_100k_runs_and_counts_add_up() -> None:
     source = shared_data() / "movielens-100k"
     if not (source / "u.data").exists():
         pytest.skip(f"MovieLens 100k not found at {source}")
-    from pipelines.movielens import convert
+    from pipelines.sources.movielens import convert
 
     converted = convert(source)
     out = build_reference(

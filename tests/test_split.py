@@ -1,5 +1,5 @@
-"""``python -m trainer.split``: a feature-job output cut at UTC days into the
-train / validation / eval folders ``trainer.fit`` reads."""
+"""``python -m trainer.data.split``: a feature-job output cut at UTC days into the
+train / validation / eval folders ``trainer.training.fit`` reads."""
 
 from __future__ import annotations
 
@@ -11,10 +11,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipelines import reference
-from pipelines.synthetic import GeneratorConfig, generate_dataset
-from trainer import split
-from trainer.data import ExampleDataset, event_time_ms, read_examples, read_timelines
+from pipelines import reference as reference_command
+from pipelines.sources.synthetic import GeneratorConfig, generate_dataset
+from trainer.data import split
+from trainer.data.feature_output import (
+    ExampleDataset,
+    event_time_ms,
+    read_examples,
+    read_timelines,
+)
 
 DAY_MS = 86_400_000
 
@@ -25,7 +30,10 @@ def features(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("split")
     generate_dataset(GeneratorConfig(users=200, ads=40, days=4, seed=3), root / "gen")
     assert (
-        reference.main(["--input", str(root / "gen"), "--output", str(root / "f")]) == 0
+        reference_command.main(
+            ["--input", str(root / "gen"), "--output", str(root / "f")]
+        )
+        == 0
     )
     return root / "f"
 
@@ -69,7 +77,7 @@ def test_three_periods_at_day_boundaries_lose_no_example(
         assert folders == [
             "date=" + str(np.datetime64(int(d), "D")) for d in period_days
         ]
-        ExampleDataset(dirs[name], max_seq_len=8)  # trainer.fit reads it
+        ExampleDataset(dirs[name], max_seq_len=8)  # trainer.training.fit reads it
     assert summary["eval"]["first_day"] == summary["eval"]["last_day"]
     assert sum(s["examples"] for s in summary.values()) == source.num_rows
 
@@ -146,7 +154,7 @@ def test_bad_input_is_one_line_exit_2(
     assert out == ""
     lines = err.strip().splitlines()
     assert len(lines) == 1, err
-    assert lines[0].startswith("python -m trainer.split: error: ")
+    assert lines[0].startswith("python -m trainer.data.split: error: ")
     assert message in lines[0]
     if case == "not-a-split-folder":
         assert (evals / "notes.txt").read_text() == "keep me"
@@ -157,9 +165,9 @@ def test_the_split_runs_without_torch(features: Path, tmp_path: Path) -> None:
     code (it answers in a second or two, not the ten torch takes here)."""
     script = (
         "import runpy, sys\n"
-        "sys.argv = ['trainer.split', *sys.argv[1:]]\n"
+        "sys.argv = ['trainer.data.split', *sys.argv[1:]]\n"
         "try:\n"
-        "    runpy.run_module('trainer.split', run_name='__main__')\n"
+        "    runpy.run_module('trainer.data.split', run_name='__main__')\n"
         "except SystemExit as stop:\n"
         "    assert stop.code == 0, stop.code\n"
         "print(sorted(m for m in ('torch', 'torchrec') if m in sys.modules))\n"

@@ -28,15 +28,20 @@ from features.deadletter import DeadLetter
 from features.example_messages import decode_example_message
 from features.kafka import KafkaSettings, topic_records
 from features.windows import attach_windows
-from pipelines import build, feast_ops
-from pipelines.event_stream import publish_events, publish_raw
-from pipelines.reference import (
+from pipelines import build
+from pipelines.core.reference import (
     ReferenceOutput,
     build_reference,
     read_input,
     write_output,
 )
-from pipelines.synthetic import GeneratorConfig, generate_dataset, validation_now_ms
+from pipelines.feast import ops as feast_ops
+from pipelines.sources.event_stream import publish_events, publish_raw
+from pipelines.sources.synthetic import (
+    GeneratorConfig,
+    generate_dataset,
+    validation_now_ms,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -295,7 +300,7 @@ def test_a_directrunner_stream_runs_on_the_local_prism() -> None:
         StandardOptions,
     )
 
-    from pipelines.beam.runner import prism_binary, prism_location
+    from pipelines.batch.runner import prism_binary, prism_location
     from pipelines.streaming.job import choose_streaming_runner
 
     options = PipelineOptions(["--runner=DirectRunner"])

@@ -25,9 +25,13 @@ import pytest
 
 from features.example_messages import decode_example_message
 from features.kafka import KafkaSettings, ensure_topics, topic_records
-from pipelines.event_stream import publish_events, publish_raw
-from pipelines.reference import build_reference, read_input
-from pipelines.synthetic import GeneratorConfig, generate_dataset, validation_now_ms
+from pipelines.core.reference import build_reference, read_input
+from pipelines.sources.event_stream import publish_events, publish_raw
+from pipelines.sources.synthetic import (
+    GeneratorConfig,
+    generate_dataset,
+    validation_now_ms,
+)
 from tests.test_streaming_restart import _job
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

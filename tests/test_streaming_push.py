@@ -21,7 +21,7 @@ import pytest
 from feast import FeatureStore
 
 from features.feature_tables import EVENT_TIMESTAMP, FEATURE_TABLES
-from pipelines import feast_ops
+from pipelines.feast import ops as feast_ops
 from pipelines.streaming.feast_push import (
     PushToFeastFn,
     check_push_target,

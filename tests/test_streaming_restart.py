@@ -30,10 +30,15 @@ import pyarrow as pa
 import pytest
 
 from features.example_messages import decode_example_message
-from features.kafka import EmbeddedKafka, KafkaSettings, ensure_topics
-from pipelines.event_stream import PublishReport, publish_events
-from pipelines.reference import build_reference, read_input
-from pipelines.synthetic import GeneratorConfig, generate_dataset, validation_now_ms
+from features.kafka import KafkaSettings, ensure_topics
+from launchers.kafka_broker import EmbeddedKafka
+from pipelines.core.reference import build_reference, read_input
+from pipelines.sources.event_stream import PublishReport, publish_events
+from pipelines.sources.synthetic import (
+    GeneratorConfig,
+    generate_dataset,
+    validation_now_ms,
+)
 from tests.test_streaming_job import read_topic
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

@@ -14,7 +14,12 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from pipelines.reference import build_reference, read_input
+from pipelines.core.reference import build_reference, read_input
+from pipelines.sources.synthetic import (
+    GeneratorConfig,
+    generate_dataset,
+    validation_now_ms,
+)
 from pipelines.streaming.config import DAY_MS, StreamConfig
 from pipelines.streaming.entity_state import answer_entity_shard, entity_rows
 from pipelines.streaming.tables import (
@@ -24,7 +29,6 @@ from pipelines.streaming.tables import (
     answer_schema,
 )
 from pipelines.streaming.user_state import Dimensions, release_user_shard
-from pipelines.synthetic import GeneratorConfig, generate_dataset, validation_now_ms
 
 CONFIG = GeneratorConfig(users=12, ads=6, days=12, seed=4)
 STREAM = StreamConfig(

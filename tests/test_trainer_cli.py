@@ -13,28 +13,31 @@ from pathlib import Path
 
 import pytest
 
-from pipelines import reference
-from pipelines.synthetic import GeneratorConfig, generate_dataset
-from trainer import split
-from trainer.checkpoint import (
+from pipelines import reference as reference_command
+from pipelines.sources.synthetic import GeneratorConfig, generate_dataset
+from trainer import daemon as daemon_command
+from trainer import fit as fit_command
+from trainer.data import split
+from trainer.distill import command as distill_command
+from trainer.distill import teacher_outputs as teacher_outputs_command
+from trainer.distill import teacher_pass as teacher_outputs
+from trainer.distill.records import read_teacher_outputs
+from trainer.distill.student import STUDENT_PRESETS
+from trainer.distill.student_trainer import DistillConfig
+from trainer.distill.teacher import load_teacher
+from trainer.distributed.sharding import DEFAULT_MIN_ROWS
+from trainer.distributed.sharding import EMBEDDING_OPTIMIZERS as SHARDING_OPTIMIZERS
+from trainer.distributed.sharding import SHARDINGS as SHARDING_MODES
+from trainer.models.base_rate import BaseRateOffset, prior_logits
+from trainer.models.config import PRESETS, config_from_dict, tiny
+from trainer.models.loss_wrapper import GEMTrain
+from trainer.models.registry import MODEL_NAMES, build_model
+from trainer.training.checkpoint import (
     list_checkpoints,
     read_checkpoint_file,
     save_checkpoint,
 )
-from trainer.commands import daemon as daemon_command
-from trainer.commands import distill as distill_command
-from trainer.commands import fit as fit_command
-from trainer.commands import teacher_outputs as teacher_outputs_command
-from trainer.config import PRESETS, config_from_dict, tiny
-from trainer.distill import teacher_outputs
-from trainer.distill.records import read_teacher_outputs
-from trainer.distill.student import STUDENT_PRESETS
-from trainer.distill.teacher import load_teacher
-from trainer.distill.train import DistillConfig
-from trainer.models.base_rate import BaseRateOffset, prior_logits
-from trainer.models.registry import MODEL_NAMES, build_model
-from trainer.models.train import GEMTrain
-from trainer.run_config import (
+from trainer.training.run_config import (
     EMBEDDING_OPTIMIZERS,
     MIN_SHARDED_ROWS,
     PRESET_NAMES,
@@ -43,10 +46,7 @@ from trainer.run_config import (
     DaemonConfig,
     FitConfig,
 )
-from trainer.run_config import MODEL_NAMES as LIGHT_MODEL_NAMES
-from trainer.sharding import DEFAULT_MIN_ROWS
-from trainer.sharding import EMBEDDING_OPTIMIZERS as SHARDING_OPTIMIZERS
-from trainer.sharding import SHARDINGS as SHARDING_MODES
+from trainer.training.run_config import MODEL_NAMES as LIGHT_MODEL_NAMES
 
 REPO = Path(__file__).resolve().parents[1]
 FAST = ["--preset", "tiny", "--max-seq-len", "32", "--batch-size", "256"]
@@ -97,7 +97,7 @@ def _one_line_error(capsys: pytest.CaptureFixture[str], prog: str) -> str:
 def test_daemon_without_a_cluster_says_so_before_loading_torch() -> None:
     script = (
         "import sys\n"
-        "from trainer.commands.daemon import main\n"
+        "from trainer.daemon import main\n"
         "code = main(['--topic', 't', '--checkpoint-dir', 'c'])\n"
         "print(code, 'torch' in sys.modules)\n"
     )
@@ -115,11 +115,14 @@ def test_daemon_without_a_cluster_says_so_before_loading_torch() -> None:
 
 @pytest.fixture(scope="module")
 def periods(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """train / validation / eval folders cut by ``python -m trainer.split``."""
+    """train / validation / eval folders cut by ``python -m trainer.data.split``."""
     root = tmp_path_factory.mktemp("trainer-cli")
     generate_dataset(GeneratorConfig(users=300, ads=60, days=3, seed=7), root / "gen")
     assert (
-        reference.main(["--input", str(root / "gen"), "--output", str(root / "f")]) == 0
+        reference_command.main(
+            ["--input", str(root / "gen"), "--output", str(root / "f")]
+        )
+        == 0
     )
     dirs = {name: root / name for name in ("train", "validation", "eval")}
     argv = ["--input", str(root / "f")]
@@ -159,7 +162,7 @@ def test_fit_save_then_distill_with_no_preset_flag(
     distilled = json.loads(out.read_text())
     assert distilled["teacher_checkpoint"] == str(path)
     assert distilled["teacher_step"] == state["step"]
-    # The teacher distillation ran is the model trainer.fit evaluated.
+    # The teacher distillation ran is the model trainer.training.fit evaluated.
     teacher = distilled["domains"]["facebook"]["eval"]["teacher"]
     for objective, metric in teacher.items():
         fitted = report["by_task"][f"facebook/{objective}"]
@@ -201,16 +204,16 @@ def test_fit_bad_input_is_one_line(
 ) -> None:
     base = ["--eval", str(periods["eval"]), "--metrics-out", str(tmp_path / "m")]
     assert fit_command.main(["--train", str(tmp_path / "nope"), *base]) == 2
-    assert "--train" in _one_line_error(capsys, "trainer.fit")
+    assert "--train" in _one_line_error(capsys, "trainer.training.fit")
     argv = ["--train", str(periods["train"]), *base, "--recalibrate"]
     assert fit_command.main(argv) == 2
-    assert "needs --validation" in _one_line_error(capsys, "trainer.fit")
+    assert "needs --validation" in _one_line_error(capsys, "trainer.training.fit")
     broken = tmp_path / "broken"
     for part in ("examples/date=2026-10-01", "timelines"):
         (broken / part).mkdir(parents=True)
         (broken / part / "part-0.parquet").write_bytes(b"not parquet at all")
     assert fit_command.main(["--train", str(broken), *base, *FAST]) == 2
-    line = _one_line_error(capsys, "trainer.fit")
+    line = _one_line_error(capsys, "trainer.training.fit")
     assert f"--train {broken}: unreadable" in line
 
 
@@ -224,7 +227,7 @@ def test_a_checkpoint_without_its_model_config_says_what_to_do(
     )
     argv = ["--examples", str(periods["eval"]), "--output", str(tmp_path / "o")]
     assert teacher_outputs_command.main([*argv, "--teacher", str(bare)]) == 2
-    line = _one_line_error(capsys, "trainer.distill.teacher_outputs")
+    line = _one_line_error(capsys, "trainer.distill.teacher_pass")
     assert "does not say which model it holds" in line
     assert "python -m trainer.fit --save" in line
     # A corrupt file and an empty folder: one line each, naming the flag.
@@ -232,11 +235,11 @@ def test_a_checkpoint_without_its_model_config_says_what_to_do(
     corrupt.write_bytes(bare.read_bytes()[:1000])
     assert teacher_outputs_command.main([*argv, "--teacher", str(corrupt)]) == 2
     assert f"--teacher {corrupt}: unreadable" in _one_line_error(
-        capsys, "trainer.distill.teacher_outputs"
+        capsys, "trainer.distill.teacher_pass"
     )
     (tmp_path / "empty").mkdir()
     argv += ["--teacher", str(tmp_path / "empty")]
     assert teacher_outputs_command.main(argv) == 2
     assert "no checkpoint files" in _one_line_error(
-        capsys, "trainer.distill.teacher_outputs"
+        capsys, "trainer.distill.teacher_pass"
     )

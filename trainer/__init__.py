@@ -2,7 +2,7 @@
 
 Stands on the contract in :mod:`features` (example schema, feature registry,
 metrics) and never imports :mod:`pipelines`. Its commands (``python -m
-trainer.split``, ``trainer.fit``, ``trainer.daemon``, ``trainer.distill``...)
-parse their flags in :mod:`trainer.commands` before torch loads; this
-package's ``__init__`` imports nothing, so that stays true.
+trainer.fit``, ``trainer.daemon``, ``trainer.distill``, ``trainer.data.split``...)
+parse their flags before torch loads; this package's ``__init__`` imports
+nothing, so that stays true.
 """

@@ -1,592 +1,140 @@
-"""Train a model on one feature-job output and evaluate it on another.
-
-Usage: ``python -m trainer.fit --help`` (the flags live in
-:mod:`trainer.commands.fit`; this module is the training they run).
-
-``DIR`` is a feature-job ``--output`` dir (examples + timelines, see
-:mod:`trainer.data`). Metrics (:mod:`features.metrics`): NE normalized by the
-entropy of the *eval slice's own* base rate (TorchRec's convention, model.md
-§7), AUC, calibration = predicted / observed positives; per (domain,
-objective) and per objective over all domains. Each example is scored by its
-own domain's head.
-
-Optimizer: ``adam`` (default) is plain Adam on every parameter, the choice
-that works unchanged on any CPU. ``adam+adagrad`` is the paper's split: Adam
-for dense parameters, Adagrad for embedding tables (element-wise, since
-PyTorch has no row-wise Adagrad; with dense gradients a row that got no
-gradient is left untouched, unlike Adam whose momentum keeps moving it).
-
-Model selection: with ``--validation DIR`` (a time period after the train
-period and before the eval one), the model is scored on it after every epoch
-and the epoch with the lowest overall click NE there is the one evaluated
-(early stopping by validation; the eval set is never looked at to choose).
-Each epoch's train NE (on a fixed sample of train examples, in eval mode) and
-validation NE are reported, so under- and over-fitting show as numbers.
-
-Every model's output gets a learnable (domain, objective) offset initialised
-to the logit of the train base rate (:class:`BaseRateOffset`), so short runs
-do not spend their steps learning the prior. One torch thread by default
-(``--threads``): faster on a small shared CPU, and reproducible.
-
-Device: ``--device auto`` (the default) trains on the GPU when torch sees
-one, else on the CPU. On a GPU, batches are still built by numpy on the
-prefetch thread, pinned there, and copied non-blocking; every model runs its
-pure-PyTorch jagged path there unless fbgemm's CUDA build is installed
-(:mod:`trainer.ops.kernel` decides per call). ``--precision bf16`` runs the
-forward under bf16 autocast (GPU only); the default ``fp32`` keeps the
-logits exact, which the NE/calibration comparisons between models want
-(TF32 matmuls are allowed on the GPU either way).
-
-``--recalibrate`` (with ``--validation``): after the best epoch is restored,
-each (domain, objective) output bias is shifted so that the *whole*
-validation period's predicted positives equal its observed ones
-(:mod:`trainer.calibration`); rankings are unchanged, the shifts are in the
-report.
-
-``--max-train-seconds``: a wall-clock safety net for shared or leased
-machines: no new epoch starts once the limit has passed (the report says
-how many epochs ran); the epoch budget, not the clock, is the comparison
-rule between models.
-
-``--compile [BACKEND]``: the model runs under ``torch.compile`` (default
-backend ``inductor``; ``aot_eager`` traces without generating code), set up
-by :func:`trainer.train_step.compile_model` so that every batch's jagged
-sizes reuse one graph. Train and eval mode, and a smaller last batch, each
-compile once more. Worth it on a GPU; on this CPU it saves ~15 % of a
-default-preset step once the first steps have paid for the compile.
-
-``--save DIR``: the model evaluated (the selected epoch, recalibrated when
-asked) is written as a :mod:`trainer.checkpoint` file in ``DIR``, with its
-model name, preset and :class:`~trainer.config.ModelConfig`
-(:func:`trainer.checkpoint.model_record`), so distillation reads the
-teacher's configuration from it.
-
-Deterministic for a seed (on the CPU): the model init (``torch.manual_seed``), the epoch
-order (``(seed, epoch)``-seeded permutation) and the row order on disk
-(sorted on read) are all fixed; CPU kernels are deterministic at a fixed
-thread count.
-"""
+"""``python -m trainer.fit``: the flags, then the run (:mod:`trainer.training.fit`)."""
 
 from __future__ import annotations
 
-import sys
+import argparse
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+from features.cli import CommandError, CommandParser, run_command
+from trainer.cli import (
+    add_config_flags,
+    config_fields,
+    feature_dir,
+    positive_float,
+    positive_int,
+)
+from trainer.training.run_config import MODEL_NAMES, PRESET_NAMES, FitConfig
+
+DESCRIPTION = """\
+Train a model on one feature-job output and evaluate it on another.
+
+--train, --validation and --eval are folders of examples + timelines, as
+pipelines.build writes one and python -m trainer.data.split cuts one into three
+time periods. The report (--metrics-out) holds NE / AUC / calibration
+per (domain, objective); --save writes the trained model as a checkpoint that
+carries its configuration (what python -m trainer.distill reads)."""
+
+HELPS = {
+    "train": "feature-job output to train on",
+    "eval": "feature-job output to evaluate the selected epoch on",
+    "validation": "feature-job output scored after every epoch; the epoch with "
+    "the lowest overall click NE is the one evaluated",
+    "model": "model to train",
+    "preset": "model size (tiny: the unit tests'; default: a 2-core CPU's; "
+    "large: a GPU's)",
+    "epochs": "passes over --train",
+    "batch_size": "examples per step",
+    "max_seq_len": "longest history window (default: the preset's)",
+    "lr": "learning rate (Adam)",
+    "lr_schedule": "cosine: anneal every learning rate to 0 over the run",
+    "embedding_lr": "Adagrad's learning rate for the tables (--optimizer adam+adagrad)",
+    "optimizer": "adam: one Adam for everything; adam+adagrad: Adagrad for the "
+    "embedding tables",
+    "max_steps_per_epoch": "stop each epoch after this many steps",
+    "seed": "model init and epoch order",
+    "threads": "torch intra-op threads",
+    "device": "auto (cuda if torch sees one) | cpu | cuda[:N]",
+    "precision": "bf16: autocast the forward on a GPU (ignored on the CPU)",
+    "max_train_seconds": "start no new epoch after this many seconds (a safety net)",
+    "recalibrate": "after training, shift each task's output bias so the whole "
+    "validation period is calibrated (needs --validation)",
+}
+
+
+def build_parser() -> CommandParser:
+    """The flags of ``python -m trainer.fit``."""
+    parser = CommandParser("trainer.fit", DESCRIPTION)
+    add_config_flags(
+        parser,
+        FitConfig,
+        HELPS,
+        choices={
+            "model": MODEL_NAMES,
+            "preset": PRESET_NAMES,
+            "lr_schedule": ("constant", "cosine"),
+            "optimizer": ("adam", "adam+adagrad"),
+            "precision": ("fp32", "bf16"),
+        },
+        kinds={
+            "epochs": positive_int,
+            "batch_size": positive_int,
+            "max_seq_len": positive_int,
+            "max_steps_per_epoch": positive_int,
+            "threads": positive_int,
+            "lr": positive_float,
+            "embedding_lr": positive_float,
+        },
+    )
+    parser.add_argument(
+        "--compile",
+        nargs="?",
+        const="inductor",
+        default=None,
+        metavar="BACKEND",
+        help="run the model under torch.compile (inductor when no backend is "
+        "given; aot_eager traces without code generation)",
+    )
+    parser.add_argument(
+        "--metrics-out",
+        type=Path,
+        required=True,
+        metavar="FILE",
+        help="where the JSON report goes",
+    )
+    parser.add_argument(
+        "--save",
+        type=Path,
+        metavar="DIR",
+        help="write the evaluated model there as a checkpoint that carries its "
+        "configuration (a folder of its own: a checkpoint there is replaced)",
+    )
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    """Check the input, train, write the report (and the checkpoint)."""
+    cfg = FitConfig(**config_fields(args, FitConfig))
+    if cfg.recalibrate and cfg.validation is None:
+        raise CommandError("--recalibrate needs --validation", "add --validation DIR")
+    feature_dir("--train", cfg.train)
+    feature_dir("--eval", cfg.eval)
+    if cfg.validation is not None:
+        feature_dir("--validation", cfg.validation)
+    from features.memory import reuse_freed_memory
+    from trainer.training import fit
+
+    # Each step frees and re-allocates the same buffers: keep them (features.memory).
+    reuse_freed_memory()
+    train, evals, validation = fit.load_datasets(cfg)
+    report = fit.fit(
+        cfg,
+        train_data=train,
+        eval_data=evals,
+        validation_data=validation,
+        save_dir=args.save,
+    )
+    args.metrics_out.parent.mkdir(parents=True, exist_ok=True)
+    args.metrics_out.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+    print(fit.format_table(report))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m trainer.fit`` (see :data:`DESCRIPTION`)."""
+    return run_command(build_parser(), run, argv)
+
 
 if __name__ == "__main__":
-    # Flags first, torch after: --help and flag errors answer at once. The
-    # command imports this module again, under its own name, to train.
-    from trainer.commands.fit import main
-
-    sys.exit(main())
-
-import copy
-import dataclasses
-import math
-import time
-from pathlib import Path
-from typing import Any
-
-import numpy as np
-import pyarrow as pa
-import torch
-from torch import nn
-
-from features.cli import progress
-from features.json_report import json_safe
-from features.metrics import binary_metrics
-from features.vocab import DOMAINS, TRAINING_OBJECTIVES
-from trainer.calibration import calibration_shifts
-from trainer.checkpoint import model_record, save_checkpoint
-from trainer.commands.fit import main as main
-from trainer.commands.flags import unreadable
-from trainer.config import ModelConfig
-from trainer.config import preset as preset_config
-from trainer.data import ExampleDataset, event_time_ms
-from trainer.models.base_rate import BaseRateOffset
-from trainer.models.registry import build_model, model_config
-from trainer.models.train import GEMTrain
-from trainer.optimizers import adam
-from trainer.run_config import FitConfig
-from trainer.train_step import (
-    collect_predictions,
-    compile_model,
-    eval_step,
-    train_step,
-)
-
-
-def resolve_device(name: str) -> torch.device:
-    """``auto`` → the current CUDA device if torch sees one, else the CPU.
-
-    Example:
-        >>> resolve_device("cpu")
-        device(type='cpu')
-    """
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"--device {name}: torch sees no CUDA device here")
-    return device
-
-
-def autocast_for(device: torch.device, precision: str) -> torch.autocast:
-    """The forward's autocast context: bf16 on a GPU when asked, else off."""
-    if precision not in ("fp32", "bf16"):
-        raise ValueError(f"unknown precision {precision!r}; choose fp32 or bf16")
-    return torch.autocast(
-        device.type,
-        dtype=torch.bfloat16,
-        enabled=precision == "bf16" and device.type == "cuda",
-    )
-
-
-def resolved_model_config(
-    cfg: FitConfig, base: ModelConfig | None = None
-) -> ModelConfig:
-    """The preset (or ``base``) with the ablation flags and ``max_seq_len``."""
-    config = model_config(cfg.model, base or preset_config(cfg.preset))
-    if cfg.max_seq_len is not None:
-        embedding = dataclasses.replace(config.embedding, max_seq_len=cfg.max_seq_len)
-        config = dataclasses.replace(config, embedding=embedding)
-    return config
-
-
-def make_optimizer(model: nn.Module, cfg: FitConfig) -> torch.optim.Optimizer:
-    """Adam for all, or Adam (dense) + Adagrad (embedding tables)."""
-    if cfg.optimizer == "adam":
-        return adam(model.parameters(), lr=cfg.lr)
-    if cfg.optimizer != "adam+adagrad":
-        raise ValueError(f"unknown optimizer {cfg.optimizer!r}")
-    tables = {
-        id(p)
-        for m in model.modules()
-        if isinstance(m, nn.Embedding | nn.EmbeddingBag)
-        for p in m.parameters(recurse=False)
-    }
-    dense = [p for p in model.parameters() if id(p) not in tables]
-    sparse = [p for p in model.parameters() if id(p) in tables]
-    return _Combined(
-        adam(dense, lr=cfg.lr),
-        torch.optim.Adagrad(sparse, lr=cfg.embedding_lr),
-    )
-
-
-def lr_factor(schedule: str, step: int, total_steps: int) -> float:
-    """The learning-rate multiplier at ``step`` (0-based) of ``total_steps``.
-
-    ``cosine`` anneals from 1 to 0 over the whole run: late steps take small
-    moves, so the per-epoch validation scores (and the epoch chosen by them)
-    stop jumping with the last few noisy batches.
-
-    Example:
-        >>> lr_factor("constant", 9, 10), lr_factor("cosine", 0, 10)
-        (1.0, 1.0)
-        >>> round(lr_factor("cosine", 5, 10), 3)
-        0.5
-    """
-    if schedule == "constant":
-        return 1.0
-    if schedule == "cosine":
-        return 0.5 * (1.0 + math.cos(math.pi * min(step, total_steps) / total_steps))
-    raise ValueError(f"unknown lr schedule {schedule!r}")
-
-
-class _Combined(torch.optim.Optimizer):
-    """Two optimizers stepped as one (what ``train_step`` expects)."""
-
-    def __init__(self, *optimizers: torch.optim.Optimizer) -> None:
-        self.optimizers = optimizers
-        groups = [g for o in optimizers for g in o.param_groups]
-        super().__init__([{"params": []}], {})
-        self.param_groups = groups
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        for o in self.optimizers:
-            o.zero_grad(set_to_none=set_to_none)
-
-    def step(self, closure: Any = None) -> None:
-        for o in self.optimizers:
-            o.step()
-
-
-def base_rate_logits(data: ExampleDataset, smoothing: float = 1.0) -> torch.Tensor:
-    """(Dm, O) logit of each (domain, objective)'s smoothed training base rate."""
-    labels = torch.stack(
-        [
-            torch.from_numpy(
-                data.examples.column(f"label_{o}").to_numpy().astype(np.float64)
-            )
-            for o in TRAINING_OBJECTIVES
-        ],
-        dim=1,
-    )
-    domain = torch.from_numpy(np.array(data.examples.column("domain").to_numpy())) - 1
-    out = torch.zeros(len(DOMAINS), len(TRAINING_OBJECTIVES))
-    for d in range(len(DOMAINS)):
-        rows = labels[domain == d]
-        rate = (rows.sum(0) + smoothing) / (rows.shape[0] + 2 * smoothing)
-        out[d] = torch.logit(rate).float()
-    return out
-
-
-def evaluate_dataset(
-    model: GEMTrain,
-    data: ExampleDataset,
-    batch_size: int = 2048,
-    rows: np.ndarray | None = None,
-    predictions_out: dict[str, np.ndarray] | None = None,
-) -> dict[str, Any]:
-    """Metrics per ``"domain/objective"`` and per objective over all domains.
-
-    Args:
-        model: the trained model.
-        data: the examples.
-        batch_size: eval batch size.
-        rows: score only these example rows (all when None).
-        predictions_out: if given, filled with ``labels`` (N, O), ``probs``
-            (N, O) (own-domain head) and ``domain`` (N,) in row order, for
-            paired comparisons between models (bootstrap).
-    """
-    if rows is None:
-        batches = data.batches(batch_size)
-    else:
-        batches = (
-            data.batch(rows[i : i + batch_size])
-            for i in range(0, len(rows), batch_size)
-        )
-    device = next(model.parameters()).device
-    on_gpu = device.type == "cuda"
-    outputs = [
-        eval_step(model, b.to(device, non_blocking=True) if on_gpu else b)
-        for b in batches
-    ]
-    if predictions_out is not None and outputs:
-        predictions_out["labels"] = torch.cat([o.labels for o in outputs]).cpu().numpy()
-        predictions_out["probs"] = torch.cat([o.probs for o in outputs]).cpu().numpy()
-        predictions_out["domain"] = torch.cat([o.domain for o in outputs]).cpu().numpy()
-    predictions = collect_predictions(outputs)
-    by_task = {
-        f"{d}/{o}": dataclasses.asdict(binary_metrics(y, p))
-        for (d, o), (y, p) in predictions.items()
-    }
-    overall = {}
-    for o in TRAINING_OBJECTIVES:
-        pairs = [v for (_, oo), v in predictions.items() if oo == o]
-        if pairs:
-            y = np.concatenate([y for y, _ in pairs])
-            p = np.concatenate([p for _, p in pairs])
-            overall[o] = dataclasses.asdict(binary_metrics(y, p))
-    return {"by_task": by_task, "overall": overall}
-
-
-def fit(
-    cfg: FitConfig,
-    *,
-    base_config: ModelConfig | None = None,
-    train_data: ExampleDataset | None = None,
-    eval_data: ExampleDataset | None = None,
-    validation_data: ExampleDataset | None = None,
-    predictions_out: dict[str, np.ndarray] | None = None,
-    save_dir: Path | None = None,
-) -> dict[str, Any]:
-    """Train, evaluate, return the metrics report (what ``--metrics-out`` holds).
-
-    ``base_config`` replaces the preset (benchmarks' custom sizes); datasets
-    may be passed in to share one in-memory copy between runs;
-    ``predictions_out`` receives the eval predictions (see
-    :func:`evaluate_dataset`); ``save_dir`` receives the evaluated model as a
-    checkpoint (:func:`save_fitted`), whose path the report names.
-    """
-    # One intra-op thread by default: these models are many small ops, and on
-    # a small shared CPU OpenMP's barriers between two threads cost more than
-    # they save (measured: 3x faster steps with 1 thread on the 2-core box).
-    torch.set_num_threads(cfg.threads)
-    torch.manual_seed(cfg.seed)
-    device = resolve_device(cfg.device)
-    on_gpu = device.type == "cuda"
-    if on_gpu:
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
-    autocast = autocast_for(device, cfg.precision)
-    config = resolved_model_config(cfg, base_config)
-    seq_len = config.embedding.max_seq_len
-    train = train_data
-    if train is None:
-        train = ExampleDataset(cfg.train, max_seq_len=seq_len)
-    evals = eval_data
-    if evals is None:
-        evals = ExampleDataset(cfg.eval, max_seq_len=seq_len)
-    validation = validation_data
-    if validation is None and cfg.validation is not None:
-        validation = ExampleDataset(cfg.validation, max_seq_len=seq_len)
-    model = GEMTrain(
-        BaseRateOffset(build_model(cfg.model, config), base_rate_logits(train))
-    ).to(device)
-    eager = model.model  # what --save writes: the names without compile's
-    if cfg.compile is not None:
-        # The loss and the optimizer stay eager; the model is the graph.
-        model.model = compile_model(model.model, backend=cfg.compile)
-    optimizer = make_optimizer(model, cfg)
-    base_lrs = [group["lr"] for group in optimizer.param_groups]
-    steps_per_epoch = -(-len(train) // cfg.batch_size)
-    if cfg.max_steps_per_epoch is not None:
-        steps_per_epoch = min(steps_per_epoch, cfg.max_steps_per_epoch)
-    total_steps = max(1, cfg.epochs * steps_per_epoch)
-    step_index = 0
-    # A fixed sample of train rows, scored after each epoch (train NE).
-    train_rows = np.sort(
-        np.random.default_rng([cfg.seed, 7]).permutation(len(train))[
-            : cfg.train_ne_sample
-        ]
-    )
-
-    epoch_loss: list[float] = []
-    train_ne: list[float | None] = []
-    validation_ne: list[float | None] = []
-    best: tuple[float, int, dict[str, torch.Tensor]] | None = None
-    validation_rows = None
-    if validation is not None and cfg.validation_sample is not None:
-        validation_rows = np.sort(
-            np.random.default_rng([cfg.seed, 8]).permutation(len(validation))[
-                : cfg.validation_sample
-            ]
-        )
-    seen, train_seconds = 0, 0.0
-    run_started = time.perf_counter()
-    epochs_run = 0
-    for epoch in range(cfg.epochs):
-        if (
-            cfg.max_train_seconds is not None
-            and epoch > 0
-            and time.perf_counter() - run_started > cfg.max_train_seconds
-        ):
-            break
-        # Sum losses as a tensor: one host sync per epoch, not per step.
-        total, steps = torch.zeros((), device=device), 0
-        started = time.perf_counter()
-        bar = progress(f"epoch {epoch + 1}/{cfg.epochs}", total=steps_per_epoch)
-        with bar as epoch_bar:
-            for batch in train.batches(
-                cfg.batch_size,
-                shuffle=True,
-                seed=cfg.seed,
-                epoch=epoch,
-                max_batches=cfg.max_steps_per_epoch,
-                pin_memory=on_gpu,
-            ):
-                if on_gpu:
-                    batch = batch.to(device, non_blocking=True)
-                factor = lr_factor(cfg.lr_schedule, step_index, total_steps)
-                for group, base_lr in zip(
-                    optimizer.param_groups, base_lrs, strict=True
-                ):
-                    group["lr"] = base_lr * factor
-                step_index += 1
-                with autocast:
-                    out = train_step(model, batch, optimizer, cfg.max_grad_norm)
-                total += out.loss
-                steps += 1
-                seen += batch.size
-                epoch_bar.advance()
-        if on_gpu:
-            torch.cuda.synchronize(device)  # the epoch's time includes its kernels
-        train_seconds += time.perf_counter() - started
-        epochs_run += 1
-        epoch_loss.append(float(total) / max(steps, 1))
-        with autocast:
-            train_ne.append(_click_ne(evaluate_dataset(model, train, rows=train_rows)))
-        line = f"epoch {epoch}: mean train loss {epoch_loss[-1]:.5f}"
-        line += f", train click NE {_fmt(train_ne[-1])}"
-        if validation is not None:
-            with autocast:
-                validation_ne.append(
-                    _click_ne(evaluate_dataset(model, validation, rows=validation_rows))
-                )
-            line += f", validation click NE {_fmt(validation_ne[-1])}"
-            score = validation_ne[-1]
-            if score is not None and (best is None or score < best[0]):
-                best = (score, epoch, copy.deepcopy(model.state_dict()))
-        print(line, file=sys.stderr)
-
-    best_epoch = epochs_run - 1
-    if best is not None:
-        best_epoch = best[1]
-        model.load_state_dict(best[2])
-    shifts = None
-    if cfg.recalibrate:
-        if validation is None:
-            raise ValueError("--recalibrate needs --validation")
-        shifts = recalibrate(model, validation, autocast)
-    with autocast:
-        metrics = evaluate_dataset(model, evals, predictions_out=predictions_out)
-    saved = None
-    if save_dir is not None:
-        saved = save_fitted(
-            save_dir,
-            eager,
-            optimizer,
-            cfg,
-            config,
-            step=step_index,
-            trained_until_ms=int(event_time_ms(train.examples).max(initial=0)),
-        )
-    return json_safe(
-        {
-            "checkpoint": saved,
-            "config": {
-                "fit": dataclasses.asdict(cfg),
-                "model": dataclasses.asdict(config),
-                "parameters": sum(p.numel() for p in model.parameters()),
-                "output_bias_init": "logit of the train base rate per task",
-                "torch_threads": torch.get_num_threads(),
-                "device": torch.cuda.get_device_name(device) if on_gpu else "cpu",
-                "precision": cfg.precision if on_gpu else "fp32",
-            },
-            "train": {
-                "examples": len(train),
-                "examples_seen": seen,
-                "seconds": train_seconds,
-                "epochs_run": epochs_run,
-                "examples_per_s": seen / train_seconds if train_seconds else None,
-                "epoch_loss": epoch_loss,
-                "epoch_train_click_ne": train_ne,
-                "epoch_validation_click_ne": validation_ne,
-                "selected_epoch": best_epoch,
-                "recalibration_shifts": shifts,
-                "validation_examples": (
-                    0
-                    if validation is None
-                    else len(validation)
-                    if validation_rows is None
-                    else len(validation_rows)
-                ),
-            },
-            "eval_examples": len(evals),
-            **metrics,
-        }
-    )
-
-
-def load_datasets(
-    cfg: FitConfig, base_config: ModelConfig | None = None
-) -> tuple[ExampleDataset, ExampleDataset, ExampleDataset | None]:
-    """The train, eval and validation (None without one) sets of ``cfg``,
-    read once (the ``*_data`` arguments of :func:`fit`); a file that does not
-    parse is a :class:`~features.cli.CommandError` naming its flag."""
-    seq_len = resolved_model_config(cfg, base_config).embedding.max_seq_len
-
-    def read(flag: str, path: Path) -> ExampleDataset:
-        try:
-            return ExampleDataset(path, max_seq_len=seq_len)
-        except FileNotFoundError:
-            raise
-        except (pa.ArrowException, OSError) as error:
-            raise unreadable(flag, path, error) from error
-
-    validation = cfg.validation
-    return (
-        read("--train", cfg.train),
-        read("--eval", cfg.eval),
-        None if validation is None else read("--validation", validation),
-    )
-
-
-def save_fitted(
-    directory: Path,
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    cfg: FitConfig,
-    config: ModelConfig,
-    *,
-    step: int,
-    trained_until_ms: int,
-) -> str:
-    """Write the trained ``model`` (the ``BaseRateOffset``-wrapped one, not
-    compiled) in the daemon's checkpoint format; returns the path.
-
-    The state dict is ``GEMTrain``'s (``model.``-prefixed), what
-    :func:`trainer.distill.teacher.load_teacher` and the daemon load.
-    """
-    # CPU copies: the checkpoint loads the same on a machine without a GPU.
-    state = {f"model.{k}": v.detach().cpu() for k, v in model.state_dict().items()}
-    if isinstance(optimizer, _Combined):
-        optimizer_state: Any = [o.state_dict() for o in optimizer.optimizers]
-    else:
-        optimizer_state = optimizer.state_dict()
-    path = save_checkpoint(
-        directory,
-        {
-            "model": state,
-            "optimizer": optimizer_state,
-            "step": step,
-            "offsets": {},
-            "trained_until_ms": trained_until_ms,
-            "fit": json_safe(dataclasses.asdict(cfg)),
-            **model_record(cfg.model, cfg.preset, config),
-        },
-        keep=1,
-    )
-    print(f"saved the model to {path}", file=sys.stderr)
-    return str(path)
-
-
-def recalibrate(
-    model: GEMTrain, validation: ExampleDataset, autocast: torch.autocast
-) -> dict[str, float]:
-    """Shift the model's output biases to calibrate it on all of ``validation``.
-
-    Returns the shifts by ``"domain/objective"`` (logits).
-    """
-    offsets = model.model
-    if not isinstance(offsets, BaseRateOffset):
-        raise TypeError("recalibration needs the BaseRateOffset wrapper")
-    seen: dict[str, np.ndarray] = {}
-    with autocast:
-        evaluate_dataset(model, validation, predictions_out=seen)
-    shifts = calibration_shifts(seen["probs"], seen["labels"], seen["domain"])
-    with torch.no_grad():
-        offsets.offset += torch.as_tensor(
-            shifts, dtype=offsets.offset.dtype, device=offsets.offset.device
-        )
-    return {
-        f"{d}/{o}": float(shifts[i, j])
-        for i, d in enumerate(DOMAINS)
-        for j, o in enumerate(TRAINING_OBJECTIVES)
-    }
-
-
-def _click_ne(metrics: dict[str, Any]) -> float | None:
-    """Overall click NE of an :func:`evaluate_dataset` result (None: no clicks)."""
-    ne = metrics["overall"].get("click", {}).get("ne")
-    return None if ne is None or not math.isfinite(ne) else float(ne)
-
-
-def _fmt(x: float | None) -> str:
-    return "n/a" if x is None else f"{x:.4f}"
-
-
-def format_table(report: dict[str, Any]) -> str:
-    """The report's metrics as a fixed-width table."""
-    head = f"{'slice':<22}{'count':>9}{'pos':>7}{'NE':>8}{'AUC':>8}{'calib':>8}"
-    rows = [head, "-" * len(head)]
-    items = list(report["by_task"].items()) + [
-        (f"all/{o}", m) for o, m in report["overall"].items()
-    ]
-    for name, m in items:
-        ne, auc, cal = (
-            m[k] if m[k] is not None else math.nan for k in ("ne", "auc", "calibration")
-        )
-        rows.append(
-            f"{name:<22}{m['count']:>9}{m['positives']:>7}{ne:>8.4f}{auc:>8.4f}{cal:>8.3f}"
-        )
-    t = report["train"]
-    rows.append(
-        f"train: {t['examples_seen']} examples in {t['seconds']:.1f} s "
-        f"({t['examples_per_s'] or 0:.0f} ex/s), epoch loss {t['epoch_loss']}"
-    )
-    if t.get("epoch_validation_click_ne"):
-        rows.append(
-            f"validation click NE by epoch {t['epoch_validation_click_ne']}, "
-            f"selected epoch {t['selected_epoch']}"
-        )
-    return "\n".join(rows)
+    raise SystemExit(main())

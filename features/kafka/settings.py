@@ -6,7 +6,7 @@ gives every CLI the same flags, and :meth:`KafkaSettings.consumer_config`,
 :meth:`~KafkaSettings.producer_config` and :meth:`~KafkaSettings.admin_config`
 turn them into the keyword arguments of that kafka-python client. With no
 bootstrap address the tools start the embedded broker
-(:mod:`features.kafka.broker`); with one they use that cluster as is.
+(:mod:`launchers.kafka_broker`); with one they use that cluster as is.
 
 The flags, as Kafka users write client settings:
 
@@ -212,6 +212,29 @@ class KafkaSettings:
         config.update(client_properties.client_keywords(self.properties, "admin"))
         config.update(overrides)
         return config
+
+    def consumer(self, *topics: str, **overrides: Any) -> Any:
+        """A ``kafka.KafkaConsumer`` on :meth:`consumer_config`, subscribed to
+        ``topics`` when any are given.
+
+        The one place the project builds a consumer, so every one of them
+        gets the same connection, security and client properties.
+        """
+        from kafka import KafkaConsumer
+
+        return KafkaConsumer(*topics, **self.consumer_config(**overrides))
+
+    def producer(self, **overrides: Any) -> Any:
+        """A ``kafka.KafkaProducer`` on :meth:`producer_config`."""
+        from kafka import KafkaProducer
+
+        return KafkaProducer(**self.producer_config(**overrides))
+
+    def admin(self, **overrides: Any) -> Any:
+        """A ``kafka.KafkaAdminClient`` on :meth:`admin_config`."""
+        from kafka import KafkaAdminClient
+
+        return KafkaAdminClient(**self.admin_config(**overrides))
 
     def _connection_config(self) -> dict[str, Any]:
         if self.bootstrap is None:

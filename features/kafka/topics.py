@@ -42,10 +42,9 @@ def ensure_topics(
         replication_factor: replicas per partition (1 on the embedded broker).
         timeout: seconds to wait for the topics to appear in metadata.
     """
-    from kafka import KafkaAdminClient, KafkaConsumer
     from kafka.errors import TopicAlreadyExistsError
 
-    admin = KafkaAdminClient(**settings.admin_config())
+    admin = settings.admin()
     try:
         existing = set(admin.list_topics())
         wanted = {
@@ -67,9 +66,7 @@ def ensure_topics(
 
     # Wait for the metadata, so a producer right after us sees every partition.
     # No group and no auto-commit: a metadata probe only.
-    probe = KafkaConsumer(
-        **settings.consumer_config(group_id=None, enable_auto_commit=False)
-    )
+    probe = settings.consumer(group_id=None, enable_auto_commit=False)
     try:
         deadline = time.monotonic() + timeout
         for name, partitions in topics.items():
@@ -103,15 +100,13 @@ def topic_records(settings: KafkaSettings, topic: str) -> Iterator[Any]:
     are left out; a topic that does not exist yields nothing. Fetches allow
     messages of :data:`~features.kafka.settings.MAX_MESSAGE_BYTES`.
     """
-    from kafka import KafkaConsumer, TopicPartition
+    from kafka import TopicPartition
 
-    consumer = KafkaConsumer(
-        **settings.consumer_config(
-            group_id=None,
-            enable_auto_commit=False,
-            max_partition_fetch_bytes=MAX_MESSAGE_BYTES,
-            fetch_max_bytes=2 * MAX_MESSAGE_BYTES,
-        )
+    consumer = settings.consumer(
+        group_id=None,
+        enable_auto_commit=False,
+        max_partition_fetch_bytes=MAX_MESSAGE_BYTES,
+        fetch_max_bytes=2 * MAX_MESSAGE_BYTES,
     )
     try:
         partitions = consumer.partitions_for_topic(topic) or set()
@@ -131,9 +126,9 @@ def topic_records(settings: KafkaSettings, topic: str) -> Iterator[Any]:
 def max_message_bytes(settings: KafkaSettings, topic: str) -> int:
     """The largest record ``topic`` accepts: its ``max.message.bytes``, else
     the broker's ``message.max.bytes``, else Kafka's default."""
-    from kafka.admin import ConfigResource, ConfigResourceType, KafkaAdminClient
+    from kafka.admin import ConfigResource, ConfigResourceType
 
-    admin = KafkaAdminClient(**settings.admin_config())
+    admin = settings.admin()
     try:
         described: dict[str, Any] = admin.describe_configs(
             [ConfigResource(ConfigResourceType.TOPIC, topic)], config_filter="all"

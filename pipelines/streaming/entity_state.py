@@ -39,9 +39,9 @@ from apache_beam.utils.timestamp import Timestamp
 from features.duplicates import copy_digests
 from features.feature_tables import FEATURE_TABLES
 from features.registry import COUNTER_ACTIONS
-from pipelines.beam.arrow import IntArray, shard_of, split_by_shard, to_int64
-from pipelines.beam.counters import entity_counters
-from pipelines.beam.kernels import drop_losing_copies, losing_copies
+from pipelines.batch.arrow import IntArray, shard_of, split_by_shard, to_int64
+from pipelines.batch.counters import entity_counters
+from pipelines.core.kernels import drop_losing_copies, losing_copies
 from pipelines.streaming.config import COUNTER_HORIZON_MS, StreamConfig
 from pipelines.streaming.event_ids import WINNERS, compact_winners, winners_of
 from pipelines.streaming.state_mirror import TOKEN as MIRROR_TOKEN

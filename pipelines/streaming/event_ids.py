@@ -3,13 +3,13 @@
 Copies of one event_id may sit under different users (so in different user
 shards) or at different times (so in different entity shards); no user or
 entity shard sees them all. This stage, keyed by a hash of the event_id
-(:func:`pipelines.beam.kernels.id_buckets`), keeps ``(event_id, user_id,
+(:func:`pipelines.core.kernels.id_buckets`), keeps ``(event_id, user_id,
 event_time, digest)`` of every copy it has seen and, whenever a batch brings
 a copy of an id whose copies differ, sends the winning copy's key
-(:func:`pipelines.beam.kernels.copy_winners`, the contract of
+(:func:`pipelines.core.kernels.copy_winners`, the contract of
 :mod:`features.duplicates`) to the user shard of each user holding a copy
 and to every entity shard; those drop the other copies before they release
-anything (:func:`pipelines.beam.kernels.drop_losing_copies`). Copies that
+anything (:func:`pipelines.core.kernels.drop_losing_copies`). Copies that
 differ only in an ad field are settled too, although they meet in one user
 shard: they may sit in two ad shards.
 
@@ -56,8 +56,8 @@ from apache_beam.transforms.userstate import (
 from apache_beam.utils.timestamp import Timestamp
 
 from features.duplicates import DUPLICATE_HORIZON_MS
-from pipelines.beam.arrow import shard_of, split_by_shard, to_int64
-from pipelines.beam.kernels import (
+from pipelines.batch.arrow import shard_of, split_by_shard, to_int64
+from pipelines.core.kernels import (
     DIGEST_PROJECTION_SCHEMA,
     copy_winners,
     id_buckets,

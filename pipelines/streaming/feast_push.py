@@ -6,7 +6,7 @@ this DoFn writes them, once per table per bundle, to the feature views the
 repository's push source of the table (``<table>_push``) feeds: what
 ``store.push`` does, with the views looked up once per worker instead of in
 the registry on every push, and the rows encoded and written by the feature
-engine's writer (:func:`pipelines.feast_engine.online_writer`: Feast's
+engine's writer (:func:`pipelines.feast.engine.online_writer`: Feast's
 serialized values and layout, byte for byte, for SQLite and Redis alike).
 The repository asks no feature service to precompute vectors, the one other
 thing a push does.
@@ -14,7 +14,7 @@ thing a push does.
 Per entity only the bundle's newest row is written (the first of equal
 times), and only when newer than the stored one: Feast's rule for its Redis
 store, which the embedded SQLite store follows too
-(:class:`pipelines.feast_sqlite.GuardedSqliteOnlineStore`). So a replayed
+(:class:`pipelines.feast.sqlite.GuardedSqliteOnlineStore`). So a replayed
 or retried write leaves the same values.
 
 Freshness: each row travels with the Kafka record times of the events behind
@@ -38,7 +38,7 @@ import numpy as np
 import pyarrow as pa
 from apache_beam.metrics import Metrics
 
-from pipelines.beam.arrow import to_int64
+from pipelines.batch.arrow import to_int64
 from pipelines.streaming.tables import state_table
 
 METRICS_NAMESPACE: Final = "gem.stream"
@@ -74,7 +74,7 @@ class PushToFeastFn(beam.DoFn):  # type: ignore[misc]
 
     def setup(self) -> None:
         """Open the feature store (its registry must already be applied)."""
-        from pipelines.feast_engine import online_writer
+        from pipelines.feast.engine import online_writer
 
         self._store = open_store(self._env, self._state_dir, self._project)
         self._writer = online_writer(
@@ -98,7 +98,7 @@ class PushToFeastFn(beam.DoFn):  # type: ignore[misc]
 
     def finish_bundle(self) -> None:
         """One write per table; then the freshness samples."""
-        from pipelines.feast_engine import join_keys_of
+        from pipelines.feast.engine import join_keys_of
 
         for table, pieces in self._pending.items():
             rows = newest_per_entity(pa.concat_tables(pieces))
@@ -155,7 +155,7 @@ def open_store(env: str | None, state_dir: str | None, project: str | None) -> A
     """The Feast store the job writes to (``feast_ops``' configurations)."""
     from feast import FeatureStore
 
-    from pipelines import feast_ops
+    from pipelines.feast import ops as feast_ops
 
     config = feast_ops.repo_config(
         env, state_dir=Path(state_dir) if state_dir else None, project=project
@@ -165,7 +165,7 @@ def open_store(env: str | None, state_dir: str | None, project: str | None) -> A
 
 def push_views(store: Any, table: str) -> list[Any]:
     """The feature views the table's push source feeds (as ``push`` finds them)."""
-    from pipelines.feast_ops import repo_module
+    from pipelines.feast.ops import repo_module
 
     source = repo_module("sources").push_source_name(table)
     views = [
@@ -177,7 +177,7 @@ def push_views(store: Any, table: str) -> list[Any]:
         raise ValueError(
             f"no feature view of project {store.project!r} is fed by the push "
             f"source {source!r}: apply the repository to it first "
-            "(python -m pipelines.feast_ops apply --features-dir DIR)"
+            "(python -m pipelines.feast apply --features-dir DIR)"
         )
     return views
 
@@ -190,7 +190,7 @@ def check_push_target(
     Also loads Feast in this process, where a local runner's workers run:
     the first bundles do not wait for it.
     """
-    from pipelines.feast_ops import repo_module
+    from pipelines.feast.ops import repo_module
 
     store = open_store(env, state_dir, project)
     for table in repo_module("sources").PUSHED_TABLES:

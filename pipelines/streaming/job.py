@@ -41,8 +41,8 @@ from apache_beam.options.pipeline_options import (
 )
 
 from features.kafka import ensure_topics
-from pipelines.beam.options import GemBuildOptions, kafka_settings
-from pipelines.beam.runner import prism_location, runner_name, use_local_prism
+from pipelines.batch.options import GemBuildOptions, kafka_settings
+from pipelines.batch.runner import prism_location, runner_name, use_local_prism
 from pipelines.streaming.config import StreamConfig
 from pipelines.streaming.entity_state import PUSH, EntityShardFn, route_entity_rows
 from pipelines.streaming.event_ids import ENTITY_NOTICES, EventIdFn, id_elements

@@ -14,7 +14,7 @@ import pyarrow as pa
 
 from features.events import EVENT_SCHEMA
 from features.feature_tables import counter_names
-from pipelines.beam.arrow import IntArray, to_int64
+from pipelines.batch.arrow import IntArray, to_int64
 
 STREAM_EVENT_SCHEMA: Final = EVENT_SCHEMA.append(
     pa.field("published_ms", pa.int64(), False, {"doc": "Kafka record time (ms)"})

@@ -13,7 +13,7 @@ read through the worker's mirror, :mod:`.state_mirror`), in two bags:
   (:mod:`.entity_state`), and the ``winners``, the winning copy's key of
   event_ids whose copies differ, sent by the id stage (:mod:`.event_ids`):
   the shard drops the other copies, then keeps each id's winning copy among
-  its own (the batch job's :func:`~pipelines.beam.timelines.dedupe_events`).
+  its own (the batch job's :func:`~pipelines.batch.timelines.dedupe_events`).
 
 Release rule (event time): an impression at ``t`` is final when the label
 window and the allowed lateness have passed, ``due = ceil(t + window +
@@ -61,15 +61,15 @@ from features.feature_tables import FEATURE_TABLES, USER_SEQUENCE_LENGTH
 from features.registry import COUNTER_ACTIONS
 from features.windows import TIMELINE_SEQUENCE_COLUMNS, timeline_segments
 from features.windows import window_positions as _window_positions
-from pipelines.beam.arrow import IntArray, to_int64
-from pipelines.beam.counters import entity_counters
-from pipelines.beam.examples import example_bases
-from pipelines.beam.kernels import (
+from pipelines.batch.arrow import IntArray, to_int64
+from pipelines.batch.counters import entity_counters
+from pipelines.batch.examples import example_bases
+from pipelines.batch.timelines import build_timelines, dedupe_events
+from pipelines.core.kernels import (
     ID_PROJECTION_SCHEMA,
     drop_losing_copies,
     losing_copies,
 )
-from pipelines.beam.timelines import build_timelines, dedupe_events
 from pipelines.streaming.config import COUNTER_HORIZON_MS, LABEL_WINDOW_MS, StreamConfig
 from pipelines.streaming.event_ids import WINNERS, compact_winners, winners_of
 from pipelines.streaming.state_mirror import TOKEN as MIRROR_TOKEN
@@ -588,7 +588,7 @@ def load_dimensions(input_dir: str) -> Dimensions:
     """The users / ads / contents tables of a data set folder."""
     from pathlib import Path
 
-    from pipelines.beam.io import DIMENSION_SCHEMAS, read_dimension
+    from pipelines.batch.io import DIMENSION_SCHEMAS, read_dimension
 
     tables = {
         name: read_dimension(str(Path(input_dir) / f"{name}.parquet"), schema)
@@ -599,7 +599,7 @@ def load_dimensions(input_dir: str) -> Dimensions:
 
 def shard_events(batch: pa.Table, shards: int) -> Iterator[tuple[int, pa.Table]]:
     """A batch split by user shard."""
-    from pipelines.beam.arrow import shard_of, split_by_shard
+    from pipelines.batch.arrow import shard_of, split_by_shard
 
     yield from split_by_shard(
         batch, shard_of(to_int64(batch.column("user_id")), shards)

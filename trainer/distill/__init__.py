@@ -4,14 +4,14 @@ Modules, one job each:
 
 - :mod:`~trainer.distill.records`: the teacher-output rows (Arrow / Parquet)
   and their join to examples;
-- :mod:`~trainer.distill.teacher` / :mod:`~trainer.distill.teacher_outputs`:
+- :mod:`~trainer.distill.teacher` / :mod:`~trainer.distill.teacher_pass`:
   the teacher checkpoint and the job that runs it once per example;
 - :mod:`~trainer.distill.student`: the compact per-domain DLRM student;
 - :mod:`~trainer.distill.losses`, :mod:`~trainer.distill.adapter`,
   :mod:`~trainer.distill.sharing`: the transfer methods;
-- :mod:`~trainer.distill.train` / :mod:`~trainer.distill.run`: training a
+- :mod:`~trainer.distill.student_trainer` / :mod:`~trainer.distill.run`: training a
   student, and the batch CLI ``python -m trainer.distill``;
-- :mod:`~trainer.distill.teacher_stream` / :mod:`~trainer.distill.daemon`:
+- :mod:`~trainer.distill.teacher_topic` / :mod:`~trainer.distill.student_daemon`:
   the stream form (teacher outputs over Kafka; a student daemon per domain
   with the trainer daemon's checkpoint guarantees, both topics' offsets).
 

@@ -1,6 +1,6 @@
 """``python -m trainer.distill``: train one vertical student per domain.
 
-The flags and the run live in :mod:`trainer.commands.distill` (``--help``
+The flags and the run live in :mod:`trainer.distill.command` (``--help``
 lists them).
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 
-from trainer.commands.distill import main
+from trainer.distill.command import main
 
 __all__ = ["main"]
 

@@ -1,6 +1,6 @@
 """Teacher outputs as Arrow: the schema, Parquet I/O and the join to examples.
 
-One row per example, written once by :mod:`trainer.distill.teacher_outputs`
+One row per example, written once by :mod:`trainer.distill.teacher_pass`
 and read by every student (they never run the teacher themselves; ExFM's
 "DAS" pattern: one teacher call per unique example, model.md §6.1)::
 

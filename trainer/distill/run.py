@@ -20,12 +20,16 @@ import pyarrow.compute as pc
 
 from features.cli import progress
 from features.vocab import DOMAINS
-from trainer.checkpoint import missing_model_config
-from trainer.data import event_time_ms, read_examples, read_timelines
+from trainer.data.feature_output import event_time_ms, read_examples, read_timelines
 from trainer.distill.records import read_teacher_outputs
 from trainer.distill.sharing import embedding_settings, teacher_tables
 from trainer.distill.student_data import StudentData
-from trainer.distill.train import DistillConfig, evaluate_student, train_student
+from trainer.distill.student_trainer import (
+    DistillConfig,
+    evaluate_student,
+    train_student,
+)
+from trainer.training.checkpoint import missing_model_config
 
 _MS_PER_DAY = 86_400_000
 
@@ -95,7 +99,7 @@ def teacher_embedding_settings(
     (loaded from ``path``) carries.
 
     Raises:
-        trainer.checkpoint.MissingModelConfigError: it carries none.
+        trainer.training.checkpoint.MissingModelConfigError: it carries none.
     """
     found = embedding_settings(state)
     if found is None:
@@ -150,7 +154,8 @@ def load_split(examples_dir: Path, eval_dir: Path | None) -> Split:
     ):
         # Different timelines: index into one table that holds both sets.
         raise ValueError(
-            "--eval must share --examples' timelines (trainer.data.time_forward_split)"
+            "--eval must share --examples' timelines "
+            "(trainer.data.feature_output.time_forward_split)"
         )
     return Split(examples, eval_examples, timelines)
 

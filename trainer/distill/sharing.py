@@ -21,7 +21,7 @@ from typing import Any, Final
 import torch
 from torch import nn
 
-from trainer.checkpoint import load_latest, read_checkpoint_file
+from trainer.training.checkpoint import load_latest, read_checkpoint_file
 
 _TABLE_KEY: Final = re.compile(r"(?:^|\.)embedding_bags\.(t_\w+)\.weight$")
 
@@ -29,8 +29,8 @@ _TABLE_KEY: Final = re.compile(r"(?:^|\.)embedding_bags\.(t_\w+)\.weight$")
 def read_checkpoint(path: Path) -> dict[str, Any]:
     """The state dict of a checkpoint file, or of the newest one in a directory.
 
-    Verified either way (:mod:`trainer.checkpoint`): a corrupt file raises
-    :class:`~trainer.checkpoint.CheckpointCorruptError`.
+    Verified either way (:mod:`trainer.training.checkpoint`): a corrupt file raises
+    :class:`~trainer.training.checkpoint.CheckpointCorruptError`.
     """
     if path.is_dir():
         found = load_latest(path)

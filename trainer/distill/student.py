@@ -35,7 +35,7 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from features.registry import DENSE_FEATURES, SPARSE_FEATURES
 from features.vocab import TRAINING_OBJECTIVES
-from trainer.batch import Batch
+from trainer.data.batch import Batch
 from trainer.distill.losses import scale_gradient
 from trainer.modules.embeddings import ModuloIds, capped_size, mlp, sparse_tables
 

@@ -1,6 +1,6 @@
 """One domain's examples joined with their teacher outputs, as student batches.
 
-Students read examples + timelines like every model (:mod:`trainer.data`)
+Students read examples + timelines like every model (:mod:`trainer.data.feature_output`)
 plus the teacher-output rows of the same example ids
 (:class:`~trainer.distill.records.AlignedTeacher`); an example without a
 teacher output still trains on its labels, its distillation terms masked.
@@ -17,10 +17,10 @@ import pyarrow.compute as pc
 import torch
 
 from features.vocab import DOMAINS, TRAINING_OBJECTIVES
-from trainer.batch import Batch
-from trainer.data import event_time_ms
+from trainer.data.batch import Batch
+from trainer.data.feature_output import event_time_ms
+from trainer.data.inputs import make_batch
 from trainer.distill.records import AlignedTeacher
-from trainer.inputs import make_batch
 
 _MS_PER_HOUR = 3_600_000.0
 

@@ -1,13 +1,13 @@
 """The GEM teacher's checkpoint: train one, save it, load it, run it forward.
 
-Only :mod:`trainer.distill.teacher_outputs` (and the benchmark / demo that
+Only :mod:`trainer.distill.teacher_pass` (and the benchmark / demo that
 train the teacher) import this module; students read the teacher's *outputs*
 (:mod:`trainer.distill.records`) and, for parameter sharing, raw tensors of
 its checkpoint (:mod:`trainer.distill.sharing`), never this code.
 
-A teacher checkpoint is a :mod:`trainer.checkpoint` file (atomic write, the
-same loader) that describes its model (:func:`trainer.checkpoint.model_record`:
-name, preset, the full :class:`~trainer.config.ModelConfig`): the trainer
+A teacher checkpoint is a :mod:`trainer.training.checkpoint` file (atomic write, the
+same loader) that describes its model (:func:`trainer.training.checkpoint.model_record`:
+name, preset, the full :class:`~trainer.models.config.ModelConfig`): the trainer
 daemon's, ``trainer.fit --save``'s and :func:`train_teacher`'s all do, so the
 model is rebuilt from the checkpoint alone. ``trained_until_ms`` (newest
 example time trained on: the "teacher time" that student staleness is
@@ -24,20 +24,20 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from trainer.batch import Batch
-from trainer.checkpoint import (
+from trainer.data.batch import Batch
+from trainer.data.feature_output import ExampleDataset, event_time_ms
+from trainer.models.base_rate import BaseRateOffset, prior_logits
+from trainer.models.config import ModelConfig
+from trainer.models.loss_wrapper import GEMTrain
+from trainer.models.registry import build_model
+from trainer.training.checkpoint import (
     model_from_record,
     model_record,
     read_model_checkpoint,
     save_checkpoint,
 )
-from trainer.config import ModelConfig
-from trainer.data import ExampleDataset, event_time_ms
-from trainer.fit import FitConfig, base_rate_logits, make_optimizer
-from trainer.models.base_rate import BaseRateOffset, prior_logits
-from trainer.models.registry import build_model
-from trainer.models.train import GEMTrain
-from trainer.train_step import train_step
+from trainer.training.fit import FitConfig, base_rate_logits, make_optimizer
+from trainer.training.step import train_step
 
 
 class Teacher(NamedTuple):
@@ -64,7 +64,7 @@ def train_teacher(
 ) -> Path:
     """Train a GEM teacher offline on ``data`` and save its checkpoint.
 
-    The same recipe as :func:`trainer.fit.fit` (Adam, base-rate offsets,
+    The same recipe as :func:`trainer.training.fit.fit` (Adam, base-rate offsets,
     grad clip 10, a seeded epoch order); returns the checkpoint path.
     """
     torch.manual_seed(seed)
@@ -100,7 +100,7 @@ def load_teacher(path: Path, *, flag: str = "--teacher") -> Teacher:
 
     The model is the one the checkpoint describes; ``flag`` names ``path`` in
     the one-line error of a checkpoint that cannot be used
-    (:func:`trainer.checkpoint.read_model_checkpoint`).
+    (:func:`trainer.training.checkpoint.read_model_checkpoint`).
     """
     state, path = read_model_checkpoint(path, flag)
     model_name, config = model_from_record(state, path)

@@ -1,124 +1,89 @@
-"""Teacher outputs, computed once per example: GEM forward → Parquet.
-
-Usage: ``python -m trainer.distill.teacher_outputs --help`` (the flags live
-in :mod:`trainer.commands.teacher_outputs`).
-
-``DIR`` (``--examples``) is a feature-job output (examples + timelines,
-:mod:`trainer.data`); ``CKPT`` a teacher checkpoint file or directory
-(:mod:`trainer.distill.teacher`). Every example gets exactly one row
-(:mod:`trainer.distill.records`): its logits for every (domain, objective),
-its summary embedding, and the checkpoint's step and time. Rows out = examples
-in; the summary printed as JSON says so.
-"""
+"""``python -m trainer.distill.teacher_outputs``: the flags, then the job
+(:mod:`trainer.distill.teacher_pass`)."""
 
 from __future__ import annotations
 
-import sys
+import argparse
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+from features.cli import CommandParser, run_command
+from trainer.cli import CHECKPOINT_HELP, feature_dir, positive_int
+
+DESCRIPTION = """\
+Teacher outputs, computed once per example: the GEM teacher's forward over
+every example of a feature-job output, written as Parquet (one row per
+example: its logits for every (domain, objective), its summary embedding, the
+checkpoint's step and time). The summary printed as JSON says rows out =
+examples in."""
+
+
+def build_parser() -> CommandParser:
+    """The flags of ``python -m trainer.distill.teacher_outputs``."""
+    parser = CommandParser("trainer.distill.teacher_outputs", DESCRIPTION)
+    parser.add_argument(
+        "--examples",
+        type=Path,
+        required=True,
+        metavar="DIR",
+        help="feature-job output (examples + timelines)",
+    )
+    parser.add_argument(
+        "--teacher", type=Path, required=True, metavar="PATH", help=CHECKPOINT_HELP
+    )
+    parser.add_argument(
+        "--output",
+        type=Path,
+        required=True,
+        metavar="DIR",
+        help="folder of the teacher-output Parquet (replaced when it exists)",
+    )
+    parser.add_argument(
+        "--batch-size",
+        type=positive_int,
+        # teacher_outputs.DEFAULT_BATCH_SIZE, which loads torch: a test checks.
+        default=256,
+        help="examples per forward",
+    )
+    parser.add_argument(
+        "--max-seq-len",
+        type=positive_int,
+        default=None,
+        help="longest history window (default: the teacher's)",
+    )
+    parser.add_argument(
+        "--threads", type=positive_int, default=1, help="torch intra-op threads"
+    )
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    """Check the input, run the teacher over it, print the summary."""
+    feature_dir("--examples", args.examples)
+    import torch
+
+    from features.memory import reuse_freed_memory
+    from trainer.distill import teacher_pass as teacher_outputs
+
+    torch.set_num_threads(args.threads)
+    # Each step frees and re-allocates the same buffers: keep them (features.memory).
+    reuse_freed_memory()
+    summary = teacher_outputs.run(
+        args.examples,
+        args.teacher,
+        args.output,
+        batch_size=args.batch_size,
+        max_seq_len=args.max_seq_len,
+    )
+    print(json.dumps(summary, indent=1))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m trainer.distill.teacher_outputs`` (see :data:`DESCRIPTION`)."""
+    return run_command(build_parser(), run, argv)
+
 
 if __name__ == "__main__":
-    # Flags first, torch after: --help and flag errors answer at once. The
-    # command imports this module again, under its own name, to run.
-    from trainer.commands.teacher_outputs import main
-
-    sys.exit(main())
-
-import shutil
-import time
-from pathlib import Path
-from typing import Any
-
-import numpy as np
-import pyarrow as pa
-
-from features.cli import progress
-from trainer.data import ExampleDataset, event_time_ms
-from trainer.distill.records import (
-    teacher_output_schema,
-    teacher_output_table,
-    write_teacher_outputs,
-)
-from trainer.distill.teacher import Teacher, load_teacher, teacher_forward
-from trainer.inputs import make_batch
-
-# Examples per forward. A batch's largest buffers then stay under 32 MB,
-# glibc's ceiling for serving blocks from the retained heap
-# (features.memory): 1,024 took 1.6x as long on a 2-core CPU, in page faults.
-DEFAULT_BATCH_SIZE = 256
-
-
-def teacher_outputs_for(
-    teacher: Teacher, examples: pa.Table, timelines: pa.Table | None, max_seq_len: int
-) -> pa.Table:
-    """Teacher-output rows for one Arrow batch of examples (one forward).
-
-    ``timelines`` may be full timelines or a message's segments; None reads
-    the examples' own ``seq_*`` columns (see :func:`trainer.inputs.make_batch`).
-    """
-    batch = make_batch(examples, timelines, max_seq_len=max_seq_len)
-    logits, emb = next(teacher_forward(teacher, iter([batch])))
-    return teacher_output_table(
-        examples.column("example_id").combine_chunks(),
-        event_time_ms(examples),
-        logits,
-        emb,
-        step=teacher.step,
-        teacher_time_ms=teacher.time_ms,
-    )
-
-
-def run(
-    examples_dir: Path,
-    teacher_path: Path,
-    output: Path,
-    *,
-    batch_size: int = DEFAULT_BATCH_SIZE,
-    max_seq_len: int | None = None,
-    rows_per_file: int = 200_000,
-) -> dict[str, Any]:
-    """Write the teacher outputs of every example under ``examples_dir``."""
-    started = time.perf_counter()
-    teacher = load_teacher(teacher_path)
-    seq_len = max_seq_len or teacher.config.embedding.max_seq_len
-    data = ExampleDataset(examples_dir, max_seq_len=seq_len)
-    if output.exists():
-        shutil.rmtree(output)  # a re-run replaces, never appends duplicates
-    parts: list[pa.Table] = []
-    pending, files, written = 0, 0, 0
-    with progress("teacher outputs", total=len(data)) as bar:
-        for start in range(0, len(data), batch_size):
-            stop = min(start + batch_size, len(data))
-            rows = np.arange(start, stop, dtype=np.int64)
-            parts.append(
-                teacher_outputs_for(
-                    teacher, data.examples.take(pa.array(rows)), data.timelines, seq_len
-                )
-            )
-            pending += len(rows)
-            if pending >= rows_per_file:
-                written += _flush(parts, output, files)
-                files, pending = files + 1, 0
-            bar.advance(len(rows))
-    if parts or files == 0:
-        written += _flush(parts, output, files)
-        files += 1
-    if written != len(data):
-        raise RuntimeError(f"wrote {written} teacher outputs for {len(data)} examples")
-    return {
-        "examples": len(data),
-        "teacher_outputs": written,
-        "files": files,
-        "teacher_checkpoint": str(teacher.path),
-        "teacher_step": teacher.step,
-        "teacher_time_ms": teacher.time_ms,
-        "max_seq_len": seq_len,
-        "seconds": time.perf_counter() - started,
-    }
-
-
-def _flush(parts: list[pa.Table], output: Path, index: int) -> int:
-    table = pa.concat_tables(parts) if parts else None
-    parts.clear()
-    if table is None:  # no examples: still one (empty) file with the schema
-        table = teacher_output_schema(0).empty_table()
-    write_teacher_outputs(table, output, index)
-    return table.num_rows
+    raise SystemExit(main())

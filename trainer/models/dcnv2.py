@@ -15,8 +15,8 @@ from torchrec.modules.crossnet import CrossNet, LowRankCrossNet
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from features.registry import DENSE_FEATURES, SEQUENCE_FEATURES, SPARSE_FEATURES
-from trainer.batch import Batch
-from trainer.config import ModelConfig
+from trainer.data.batch import Batch
+from trainer.models.config import ModelConfig
 from trainer.modules.embeddings import MergedIds, mlp, pooled_tables
 from trainer.modules.heads import NUM_DOMAINS, NUM_OBJECTIVES
 
@@ -31,7 +31,7 @@ class DCNv2(nn.Module):
     Shapes: ``forward(batch)`` → logits (B, NUM_DOMAINS, NUM_OBJECTIVES).
 
     Example:
-        >>> from trainer.config import tiny
+        >>> from trainer.models.config import tiny
         >>> type(DCNv2(tiny()).cross).__name__
         'LowRankCrossNet'
     """

@@ -1,4 +1,4 @@
-"""DLRM baseline: torchrec's ``DLRM`` on the same :class:`trainer.batch.Batch`.
+"""DLRM baseline: torchrec's ``DLRM`` on the same :class:`trainer.data.batch.Batch`.
 
 Sequences are **mean-pooled** over the whole history (one vector per sequence
 feature, through ``PoolingType.MEAN`` tables in the same
@@ -15,8 +15,8 @@ from torchrec.models.dlrm import DLRM
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from features.registry import DENSE_FEATURES
-from trainer.batch import Batch
-from trainer.config import ModelConfig
+from trainer.data.batch import Batch
+from trainer.models.config import ModelConfig
 from trainer.modules.embeddings import MergedIds, pooled_tables
 from trainer.modules.heads import NUM_DOMAINS, NUM_OBJECTIVES
 
@@ -31,7 +31,7 @@ class DLRMBaseline(nn.Module):
     Shapes: ``forward(batch)`` → logits (B, NUM_DOMAINS, NUM_OBJECTIVES).
 
     Example:
-        >>> from trainer.config import tiny
+        >>> from trainer.models.config import tiny
         >>> model = DLRMBaseline(tiny())
         >>> type(model.dlrm).__name__
         'DLRM'

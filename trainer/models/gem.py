@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from trainer.batch import Batch
-from trainer.config import ModelConfig
+from trainer.data.batch import Batch
+from trainer.models.config import ModelConfig
 from trainer.modules.embeddings import InputAdapter, JaggedTokens
 from trainer.modules.heads import MultiDomainHeads
 from trainer.modules.interformer import InterFormer
@@ -36,7 +36,7 @@ class GEM(nn.Module):
     Shapes: ``forward(batch)`` → logits (B, NUM_DOMAINS, NUM_OBJECTIVES).
 
     Example:
-        >>> from trainer.config import tiny
+        >>> from trainer.models.config import tiny
         >>> model = GEM(tiny())
         >>> model.trunk.num_out_tokens
         12

@@ -25,8 +25,8 @@ from typing import Final
 
 from torch import nn
 
-from trainer.config import ModelConfig
-from trainer.config import preset as preset_config
+from trainer.models.config import ModelConfig
+from trainer.models.config import preset as preset_config
 from trainer.models.dcnv2 import DCNv2
 from trainer.models.dlrm import DLRMBaseline
 from trainer.models.gem import GEM
@@ -79,9 +79,9 @@ def model_config(name: str, preset: str | ModelConfig = "tiny") -> ModelConfig:
 def build_model(name: str, preset: str | ModelConfig = "tiny") -> nn.Module:
     """Build model ``name`` (see the table above) from a preset name or config.
 
-    Every model maps a :class:`trainer.batch.Batch` to logits
+    Every model maps a :class:`trainer.data.batch.Batch` to logits
     (B, NUM_DOMAINS, NUM_OBJECTIVES); wrap it in
-    :class:`trainer.models.train.GEMTrain` to train.
+    :class:`trainer.models.loss_wrapper.GEMTrain` to train.
     """
     config = model_config(name, preset)
     return _MODELS[name][0](config)

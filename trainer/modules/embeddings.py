@@ -1,7 +1,7 @@
 """The input adapter: TorchRec KJTs and dense counters → tokens.
 
 Tables and their sizes come from :mod:`features.registry`; a preset may cap
-them (:attr:`trainer.config.EmbeddingConfig.max_num_embeddings`). The input
+them (:attr:`trainer.models.config.EmbeddingConfig.max_num_embeddings`). The input
 path already hashes every id into ``[0, num_embeddings)`` of the registry's
 table; when a table is capped, the adapter takes ``id % cap`` (a second, lossy
 fold: more collisions, nothing else changes). Uncapped tables see the ids as
@@ -35,7 +35,7 @@ from features.registry import (
     TIME_BUCKETS,
 )
 from features.vocab import ACTIONS
-from trainer.config import EmbeddingConfig
+from trainer.models.config import EmbeddingConfig
 from trainer.ops import jagged_truncate_last, positions, segment_ids, segment_sum
 
 # Sparse features that describe the candidate ad: their embeddings make the
@@ -178,7 +178,7 @@ class SparseEmbeddings(nn.Module):
     Shapes: KJT (keys = registry sparse features, one id each) → (B, F, D).
 
     Example:
-        >>> from trainer.config import tiny
+        >>> from trainer.models.config import tiny
         >>> module = SparseEmbeddings(tiny().embedding)
         >>> kjt = KeyedJaggedTensor.from_lengths_sync(
         ...     keys=[f.name for f in SPARSE_FEATURES],
@@ -355,7 +355,7 @@ class SequenceEmbeddings(nn.Module):
     → :class:`JaggedTokens` with values (sum_b min(L[b], max_seq_len), D).
 
     Example:
-        >>> from trainer.config import tiny
+        >>> from trainer.models.config import tiny
         >>> module = SequenceEmbeddings(tiny().embedding)
         >>> s = len(SEQUENCE_FEATURES)
         >>> kjt = KeyedJaggedTensor.from_lengths_sync(
@@ -437,7 +437,7 @@ class DenseTokens(nn.Module):
     Shapes: (B, len(DENSE_FEATURES)) → (B, num_dense_tokens, D).
 
     Example:
-        >>> from trainer.config import tiny
+        >>> from trainer.models.config import tiny
         >>> DenseTokens(tiny().embedding)(torch.zeros(2, len(DENSE_FEATURES))).shape
         torch.Size([2, 1, 8])
     """
@@ -471,7 +471,7 @@ class InputTokens(NamedTuple):
 
 
 class InputAdapter(nn.Module):
-    """All inputs of a :class:`trainer.batch.Batch` → tokens.
+    """All inputs of a :class:`trainer.data.batch.Batch` → tokens.
 
     Args:
         config: the embedding config.
@@ -483,7 +483,7 @@ class InputAdapter(nn.Module):
     None, ``sequence`` (L, D) jagged or None.
 
     Example:
-        >>> from trainer.config import tiny
+        >>> from trainer.models.config import tiny
         >>> adapter = InputAdapter(tiny().embedding, use_sequences=False)
         >>> adapter.num_tokens
         15
@@ -571,7 +571,7 @@ class MergedIds(nn.Module):
     Shapes: KJTs with F and S keys over B examples → one KJT with F + S keys.
 
     Example:
-        >>> from trainer.config import tiny
+        >>> from trainer.models.config import tiny
         >>> merge = MergedIds(tiny().embedding)
         >>> sparse = KeyedJaggedTensor.from_lengths_sync(
         ...     keys=[f.name for f in SPARSE_FEATURES],

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from features.vocab import DOMAINS, TRAINING_OBJECTIVES
-from trainer.config import HeadsConfig
+from trainer.models.config import HeadsConfig
 from trainer.modules.embeddings import mlp
 
 NUM_DOMAINS = len(DOMAINS)
@@ -34,7 +34,7 @@ class MultiDomainHeads(nn.Module):
     :func:`multi_domain_loss` keeps only the example's own domain.
 
     Example:
-        >>> from trainer.config import HeadsConfig
+        >>> from trainer.models.config import HeadsConfig
         >>> heads = MultiDomainHeads(16, HeadsConfig())
         >>> heads(torch.randn(4, 16), torch.tensor([0, 1, 2, 0])).shape
         torch.Size([4, 3, 2])

@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from trainer.config import InterFormerConfig, ModelConfig
+from trainer.models.config import InterFormerConfig, ModelConfig
 from trainer.modules.attention import PMA, Gating, JaggedSelfAttention
 from trainer.modules.embeddings import JaggedTokens, mlp
 from trainer.modules.wukong import LinearCompressBlock, Wukong
@@ -124,7 +124,7 @@ class SequenceSummary(nn.Module):
     shorter than ``num_recent`` give zero "recent" tokens.
 
     Example:
-        >>> from trainer.config import InterFormerConfig
+        >>> from trainer.models.config import InterFormerConfig
         >>> summary = SequenceSummary(8, InterFormerConfig())
         >>> summary(torch.randn(9, 8), torch.tensor([0, 4, 9]), 5).shape
         torch.Size([2, 8, 8])
@@ -166,7 +166,7 @@ class SequenceArch(nn.Module):
     Shapes: values (L, D) jagged, x_sum (B, n_cls, D) → (L, D).
 
     Example:
-        >>> from trainer.config import InterFormerConfig
+        >>> from trainer.models.config import InterFormerConfig
         >>> arch = SequenceArch(8, InterFormerConfig(num_cls=2))
         >>> offsets = torch.tensor([0, 1, 4])
         >>> arch(torch.randn(4, 8), offsets, 3, torch.randn(2, 2, 8)).shape
@@ -228,7 +228,7 @@ class InterFormer(nn.Module):
     without sequences).
 
     Example:
-        >>> from trainer.config import tiny
+        >>> from trainer.models.config import tiny
         >>> from trainer.modules.embeddings import JaggedTokens
         >>> trunk = InterFormer(5, 0, tiny())
         >>> seq = JaggedTokens(torch.randn(3, 8), torch.tensor([0, 3, 3]), 3)

@@ -31,7 +31,7 @@ from typing import Literal, NamedTuple
 import torch
 from torch import nn
 
-from trainer.config import PyramidConfig
+from trainer.models.config import PyramidConfig
 from trainer.modules.attention import PMA, JaggedLocalAttention
 from trainer.modules.embeddings import JaggedTokens
 from trainer.ops import (
@@ -143,7 +143,7 @@ class PyramidLevel(nn.Module):
     (B, 1 + num_seeds, D) and the uncontracted tokens (L, D).
 
     Example:
-        >>> from trainer.config import PyramidConfig
+        >>> from trainer.models.config import PyramidConfig
         >>> level = PyramidLevel(8, PyramidConfig(ratio=2, num_seeds=2))
         >>> out = level(
         ...     torch.randn(3, 8), torch.tensor([0, 2, 2, 3]), 2, torch.randn(3, 8))
@@ -202,7 +202,7 @@ class PyramidEncoder(nn.Module):
     ``ceil(L[b] / r**levels) + min(L[b], recent_tokens)`` tokens per example.
 
     Example:
-        >>> from trainer.config import PyramidConfig
+        >>> from trainer.models.config import PyramidConfig
         >>> from trainer.modules.embeddings import JaggedTokens
         >>> enc = PyramidEncoder(8, PyramidConfig(num_levels=2, ratio=2))
         >>> seq = JaggedTokens(torch.randn(5, 8), torch.tensor([0, 5, 5]), 5)

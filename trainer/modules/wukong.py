@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from trainer.config import WukongConfig
+from trainer.models.config import WukongConfig
 from trainer.modules.attention import CrossLayerAttention
 from trainer.modules.embeddings import mlp
 
@@ -50,7 +50,7 @@ class FactorizationMachineBlock(nn.Module):
     Shapes: (B, n, D) → (B, n_F, D).
 
     Example:
-        >>> from trainer.config import WukongConfig
+        >>> from trainer.models.config import WukongConfig
         >>> fmb = FactorizationMachineBlock(5, 8, WukongConfig(num_fm_tokens=3))
         >>> fmb(torch.randn(2, 5, 8)).shape
         torch.Size([2, 3, 8])
@@ -91,7 +91,7 @@ class WukongLayer(nn.Module):
     Shapes: (B, n, D) → (B, n_F + n_L, D).
 
     Example:
-        >>> from trainer.config import WukongConfig
+        >>> from trainer.models.config import WukongConfig
         >>> layer = WukongLayer(6, 8, WukongConfig(num_fm_tokens=2, num_lc_tokens=2))
         >>> layer(torch.randn(2, 6, 8)).shape
         torch.Size([2, 4, 8])
@@ -129,7 +129,7 @@ class Wukong(nn.Module):
     Shapes: (B, n, D) → (B, n_F + n_L, D).
 
     Example:
-        >>> from trainer.config import WukongConfig
+        >>> from trainer.models.config import WukongConfig
         >>> cfg = WukongConfig(num_layers=2, cross_layer_attention=True)
         >>> Wukong(6, 8, cfg)(torch.randn(2, 6, 8)).shape
         torch.Size([2, 8, 8])

@@ -1,0 +1,6 @@
+"""The demos: the only code that starts both wings, the feature jobs and the trainer.
+
+- ``python -m demos.end_to_end`` (``make demo``): the batch chain end to end.
+- ``python -m demos.streaming`` (``make demo-stream``): the streaming job, Feast and
+the trainer together.
+"""

@@ -1,0 +1,1 @@
+"""What tests, demos and benchmarks start beside the jobs: the embedded Kafka broker."""

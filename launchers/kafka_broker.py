@@ -1,0 +1,677 @@
+"""The embedded Kafka broker: Apache Kafka in KRaft mode, one node.
+
+One JVM is broker and controller at once, listening on loopback. Its jars
+come from Maven Central through ``requirements/kafka/pom.xml`` (``make
+kafka`` copies them into ``.tools/kafka/libs``); ``GEM_KAFKA_LIBS`` points at
+another folder of them. Everything talks to it with ordinary Kafka clients, so
+pointing the same code at a real cluster is a matter of ``--kafka-bootstrap``.
+
+The broker lives in one folder (its *home*): ``server.properties``, the log4j
+configuration, ``broker.log`` and ``data/``, Kafka's log directory. A home
+given by the caller outlives the broker: start it again on the same home and
+every topic, record and committed offset is still there. Without one, a
+temporary home is made and removed on stop.
+
+With ``sasl_users`` (``--sasl-user NAME:PASSWORD``) the node also listens
+for SASL_PLAINTEXT clients, with PLAIN, SCRAM-SHA-256 and SCRAM-SHA-512 for
+those users (the SCRAM credentials are stored when its log directory is
+formatted, so a home keeps the users of its first start).
+
+Run it on its own::
+
+    python -m launchers.kafka_broker --home out/kafka --topic events:6
+
+It prints the bootstrap address (and the SASL one) and runs until Ctrl-C.
+Flags:
+
+- ``--home DIR``: the broker's folder, kept with its data (default: a
+  temporary one, removed on stop).
+- ``--port PORT``: the client port (default: a free one).
+- ``--topic NAME[:PARTITIONS]``: create this topic once it is up (repeatable).
+- ``--sasl-user NAME:PASSWORD``: a SASL user (repeatable); adds the
+  SASL_PLAINTEXT listener.
+- ``--log FILE``: the broker's log (default: ``broker.log`` in its home).
+
+Missing Java or jars are one line on stderr and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import contextlib
+import ctypes
+import logging
+import os
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Final, TextIO
+
+from features.cli import CommandError, CommandParser, run_command
+from features.kafka.settings import MAX_MESSAGE_BYTES, KafkaSettings
+from features.kafka.topics import ensure_topics
+
+log = logging.getLogger(__name__)
+
+LOOPBACK: Final = "127.0.0.1"
+LIBS_ENV: Final = "GEM_KAFKA_LIBS"
+DEFAULT_LIBS: Final = Path(__file__).resolve().parents[1] / ".tools" / "kafka" / "libs"
+DEFAULT_HEAP: Final = "512m"
+NODE_ID: Final = 1
+_PR_SET_PDEATHSIG: Final = 1
+_ADDRESS_IN_USE_HINTS: Final = ("address already in use", "bindexception")
+SASL_LISTENER_MECHANISMS: Final = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+# Characters a SASL user name or password may not hold: they would need
+# escaping in server.properties, the JAAS text and the SCRAM argument at once.
+_SASL_FORBIDDEN: Final = frozenset('"\\,=[]')
+
+# What the embedded node needs beyond Kafka's defaults. One node: every
+# internal topic has one replica. Tests join many groups, so the first join
+# is not held back to gather members. Messages carry whole example batches.
+# After a SIGKILL the node's old broker registration must lapse before it is
+# let back in: a short broker session makes that seconds, not Kafka's 9 s.
+_BROKER_CONFIG: Final = {
+    "process.roles": "broker,controller",
+    "node.id": str(NODE_ID),
+    "controller.listener.names": "CONTROLLER",
+    "inter.broker.listener.name": "PLAINTEXT",
+    "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+    "num.partitions": "1",
+    "offsets.topic.replication.factor": "1",
+    "offsets.topic.num.partitions": "4",
+    "transaction.state.log.replication.factor": "1",
+    "transaction.state.log.min.isr": "1",
+    "transaction.state.log.num.partitions": "4",
+    "share.coordinator.state.topic.replication.factor": "1",
+    "share.coordinator.state.topic.min.isr": "1",
+    "group.initial.rebalance.delay.ms": "0",
+    "message.max.bytes": str(MAX_MESSAGE_BYTES),
+    "broker.heartbeat.interval.ms": "1000",
+    "broker.session.timeout.ms": "4000",
+    "num.network.threads": "2",
+    "num.io.threads": "4",
+    "num.recovery.threads.per.data.dir": "1",
+}
+
+# Kafka logs through SLF4J to log4j2; this sends it to stdout (the log file)
+# without the multi-page configuration dumps of every client it starts.
+_LOG4J_CONFIG: Final = """\
+status = warn
+appender.out.type = Console
+appender.out.name = out
+appender.out.layout.type = PatternLayout
+appender.out.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = info
+rootLogger.appenderRef.out.ref = out
+logger.config.name = org.apache.kafka.common.config.AbstractConfig
+logger.config.level = warn
+"""
+
+
+class BrokerStartError(RuntimeError):
+    """The embedded broker did not come up; the message names port and log."""
+
+
+def kafka_libs() -> Path:
+    """The folder of Apache Kafka's jars (``GEM_KAFKA_LIBS`` overrides).
+
+    Raises:
+        BrokerStartError: the folder holds no Kafka server jar.
+    """
+    override = os.environ.get(LIBS_ENV)
+    libs = Path(override) if override else DEFAULT_LIBS
+    if not any(libs.glob("kafka_2.13-*.jar")):
+        raise BrokerStartError(
+            f"Apache Kafka's jars are not in {libs}; run `make kafka` "
+            f"(or set {LIBS_ENV} to a folder of them)"
+        )
+    return libs
+
+
+def java_binary() -> str:
+    """The ``java`` of ``JAVA_HOME``, else the one on ``PATH``.
+
+    Raises:
+        BrokerStartError: no Java is found.
+    """
+    home = os.environ.get("JAVA_HOME")
+    if home and (Path(home) / "bin" / "java").is_file():
+        return str(Path(home) / "bin" / "java")
+    found = shutil.which("java")
+    if found is None:
+        raise BrokerStartError(
+            "no java on PATH: the embedded Kafka broker needs Java 17 or newer; "
+            "install a JDK or set JAVA_HOME"
+        )
+    return found
+
+
+def free_loopback_port() -> int:
+    """A TCP port that was free on the loopback interface a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((LOOPBACK, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def random_cluster_id() -> str:
+    """A KRaft cluster id: 16 random bytes, URL-safe base64 without padding.
+
+    Like Kafka's own ``random-uuid``, never one starting with ``-`` (a command
+    line would read it as a flag); saves a JVM start.
+    """
+    while True:
+        text = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not text.startswith("-"):
+            return text
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: get SIGTERM when the parent dies (Linux).
+
+    Keeps a broker from outliving a test runner or demo that was SIGKILLed.
+    """
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def _answers_api_versions(port: int, timeout: float = 0.5) -> bool:
+    """True when a Kafka broker on ``port`` answers an ApiVersions (v0) request."""
+    correlation_id = 0x6E6D
+    client = b"gem-probe"
+    body = struct.pack(">hhih", 18, 0, correlation_id, len(client)) + client
+    try:
+        with socket.create_connection((LOOPBACK, port), timeout=timeout) as sock:
+            sock.sendall(struct.pack(">i", len(body)) + body)
+            header = b""
+            while len(header) < 8:
+                chunk = sock.recv(8 - len(header))
+                if not chunk:
+                    return False
+                header += chunk
+    except OSError:
+        return False
+    _size, answered_id = struct.unpack(">ii", header)
+    return bool(answered_id == correlation_id)
+
+
+class EmbeddedKafka:
+    """An Apache Kafka node (KRaft, broker + controller) on loopback ports.
+
+    Args:
+        port: client port; None picks a free one (and retries on a race).
+            A restart keeps the port it had.
+        home: the broker's folder (configuration, ``broker.log``, ``data/``);
+            kept after stop, and reused with its data by the next start. None
+            makes a temporary one, removed on stop.
+        log_path: where the broker's output goes; defaults to
+            ``home/broker.log``.
+        start_timeout: seconds to wait for the broker to answer.
+        heap: the JVM's maximum heap (``-Xmx``).
+        sasl_users: name → password of SASL users; when given, the node also
+            listens for SASL_PLAINTEXT (:attr:`sasl_bootstrap`) with
+            :data:`SASL_LISTENER_MECHANISMS`.
+
+    Example::
+
+        with EmbeddedKafka(home=Path("out/kafka")) as broker:
+            broker.create_topics({"events": 6})
+            producer = KafkaProducer(bootstrap_servers=broker.bootstrap)
+    """
+
+    def __init__(
+        self,
+        *,
+        port: int | None = None,
+        home: Path | None = None,
+        log_path: Path | None = None,
+        start_timeout: float = 60.0,
+        heap: str = DEFAULT_HEAP,
+        sasl_users: Mapping[str, str] | None = None,
+    ) -> None:
+        for text in (*(sasl_users or {}), *(sasl_users or {}).values()):
+            if not text or _SASL_FORBIDDEN & set(text) or text != text.strip():
+                raise ValueError(
+                    f"SASL user names and passwords must be non-empty, without "
+                    f"blanks at the ends or any of {''.join(sorted(_SASL_FORBIDDEN))}"
+                )
+        self._sasl_users = dict(sasl_users or {})
+        self.sasl_port: int | None = None
+        self._requested_port = port
+        self._home = home
+        self._own_home = home is None
+        self._log_path = log_path
+        self._own_log = log_path is None
+        self._start_timeout = start_timeout
+        self._heap = heap
+        self._process: subprocess.Popen[bytes] | None = None
+        self._log_file: TextIO | None = None
+        self.port: int | None = None
+
+    @property
+    def bootstrap(self) -> str:
+        """``127.0.0.1:PORT`` of the running broker."""
+        if self.port is None or self._process is None:
+            raise RuntimeError("the embedded broker is not running")
+        return f"{LOOPBACK}:{self.port}"
+
+    @property
+    def sasl_bootstrap(self) -> str:
+        """``127.0.0.1:PORT`` of the SASL_PLAINTEXT listener."""
+        if self.sasl_port is None or self._process is None:
+            raise RuntimeError("the embedded broker has no SASL listener running")
+        return f"{LOOPBACK}:{self.sasl_port}"
+
+    @property
+    def settings(self) -> KafkaSettings:
+        """Client settings for this broker."""
+        return KafkaSettings(bootstrap=self.bootstrap)
+
+    @property
+    def pid(self) -> int:
+        """Process id of the broker (for fault tests)."""
+        if self._process is None:
+            raise RuntimeError("the embedded broker is not running")
+        return self._process.pid
+
+    @property
+    def home(self) -> Path | None:
+        """The broker's folder (None before the first start of a temporary one)."""
+        return self._home
+
+    @property
+    def log_path(self) -> Path | None:
+        """The broker's log file."""
+        return self._log_path
+
+    def start(self) -> str:
+        """Start the broker and wait until it answers Kafka requests.
+
+        Returns:
+            The bootstrap address.
+
+        Raises:
+            BrokerStartError: Java or the jars are missing, the port is taken,
+                or the broker exited or stayed silent past ``start_timeout``;
+                the message names the port and the log file.
+        """
+        if self._process is not None:
+            return self.bootstrap
+        # Missing Java or jars fail here, before a home is made.
+        java_binary()
+        kafka_libs()
+        requested = self._requested_port or self.port
+        attempts = 1 if requested is not None else 3
+        for attempt in range(attempts):
+            port = requested or free_loopback_port()
+            try:
+                self._launch(port)
+                return self.bootstrap
+            except BrokerStartError as error:
+                # Another process may grab an auto-picked port between our
+                # probe and the broker's bind; only then is a retry worth it.
+                taken = any(h in str(error).lower() for h in _ADDRESS_IN_USE_HINTS)
+                if not taken or attempt == attempts - 1:
+                    raise
+                log.warning("port %d was taken; retrying on another", port)
+        raise AssertionError("unreachable")
+
+    def _prepare_home(self, port: int, controller_port: int) -> Path:
+        if self._home is None:
+            self._home = Path(tempfile.mkdtemp(prefix=f"kafka-{port}-"))
+        home = self._home
+        data = home / "data"
+        data.mkdir(parents=True, exist_ok=True)
+        client_listeners = [f"PLAINTEXT://{LOOPBACK}:{port}"]
+        if self._sasl_users:
+            if self.sasl_port is None:
+                self.sasl_port = free_loopback_port()
+            client_listeners.append(f"SASL_PLAINTEXT://{LOOPBACK}:{self.sasl_port}")
+        config = {
+            **_BROKER_CONFIG,
+            # A static voter set: the controller's port may change between
+            # starts on the same data (only the client port is kept).
+            "controller.quorum.voters": f"{NODE_ID}@{LOOPBACK}:{controller_port}",
+            "listeners": ",".join(
+                [*client_listeners, f"CONTROLLER://{LOOPBACK}:{controller_port}"]
+            ),
+            "advertised.listeners": ",".join(client_listeners),
+            "log.dirs": str(data),
+            **self._sasl_config(),
+        }
+        lines = [f"{key}={value}" for key, value in config.items()]
+        (home / "server.properties").write_text("\n".join(lines) + "\n")
+        (home / "log4j2.properties").write_text(_LOG4J_CONFIG)
+        return home
+
+    def _sasl_config(self) -> dict[str, str]:
+        """The SASL_PLAINTEXT listener's settings: PLAIN checks the users
+        listed in its JAAS text, SCRAM the credentials stored at format."""
+        if not self._sasl_users:
+            return {}
+        users = " ".join(
+            f'user_{name}="{password}"' for name, password in self._sasl_users.items()
+        )
+        listener = "listener.name.sasl_plaintext"
+        config = {
+            "listener.security.protocol.map": (
+                "PLAINTEXT:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT,CONTROLLER:PLAINTEXT"
+            ),
+            "sasl.enabled.mechanisms": ",".join(SASL_LISTENER_MECHANISMS),
+            f"{listener}.plain.sasl.jaas.config": (
+                "org.apache.kafka.common.security.plain.PlainLoginModule "
+                f"required {users};"
+            ),
+        }
+        for mechanism in SASL_LISTENER_MECHANISMS[1:]:
+            config[f"{listener}.{mechanism.lower()}.sasl.jaas.config"] = (
+                "org.apache.kafka.common.security.scram.ScramLoginModule required;"
+            )
+        return config
+
+    def _java_command(self, main: str, *args: str) -> list[str]:
+        assert self._home is not None
+        return [
+            java_binary(),
+            f"-Xmx{self._heap}",
+            "-Xms64m",
+            "-XX:+UseG1GC",
+            "-XX:MaxGCPauseMillis=20",
+            "-XX:+ExitOnOutOfMemoryError",
+            "-Djava.awt.headless=true",
+            f"-Dlog4j2.configurationFile={self._home / 'log4j2.properties'}",
+            "-cp",
+            f"{kafka_libs()}/*",
+            main,
+            *args,
+        ]
+
+    def _format_once(self, home: Path) -> None:
+        """Format ``home/data`` for KRaft unless an earlier start did."""
+        if (home / "data" / "meta.properties").exists():
+            return
+        scram = [
+            argument
+            for mechanism in SASL_LISTENER_MECHANISMS[1:]
+            for name, password in self._sasl_users.items()
+            for argument in (
+                "--add-scram",
+                f"{mechanism}=[name={name},password={password}]",
+            )
+        ]
+        command = self._java_command(
+            "kafka.tools.StorageTool",
+            "format",
+            "--cluster-id",
+            random_cluster_id(),
+            "--config",
+            str(home / "server.properties"),
+            *scram,
+        )
+        done = subprocess.run(
+            command, capture_output=True, text=True, stdin=subprocess.DEVNULL
+        )
+        if done.returncode != 0:
+            raise BrokerStartError(
+                f"formatting the Kafka log directory {home / 'data'} failed "
+                f"(exit {done.returncode}):\n{(done.stdout + done.stderr)[-2000:]}"
+            )
+
+    def _launch(self, port: int) -> None:
+        home = self._prepare_home(port, free_loopback_port())
+        if self._log_path is None:
+            self._log_path = home / "broker.log"
+        self._format_once(home)
+        self._log_file = open(self._log_path, "a")  # closed in stop()
+        command = self._java_command("kafka.Kafka", str(home / "server.properties"))
+        log.info(
+            "starting Kafka broker on %s:%d (home: %s, log: %s)",
+            LOOPBACK,
+            port,
+            home,
+            self._log_path,
+        )
+        self._process = subprocess.Popen(
+            command,
+            stdout=self._log_file,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            # Own session: a Ctrl-C in the terminal reaches us, and we stop
+            # the broker in order rather than racing it.
+            start_new_session=True,
+            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+        )
+        self.port = port
+        try:
+            self._wait_until_answering(port)
+        except BrokerStartError:
+            self.stop()
+            raise
+
+    def _wait_until_answering(self, port: int) -> None:
+        assert self._process is not None
+        deadline = time.monotonic() + self._start_timeout
+        while True:
+            code = self._process.poll()
+            if code is not None:
+                raise BrokerStartError(
+                    f"Kafka broker on {LOOPBACK}:{port} exited with code {code} "
+                    f"during start-up; log: {self._log_path}\n{self._log_tail()}"
+                )
+            # A TCP accept alone proves nothing: another process may own the
+            # port. A Kafka ApiVersions round trip proves the broker is up.
+            if _answers_api_versions(port) and self._process.poll() is None:
+                return
+            if time.monotonic() > deadline:
+                raise BrokerStartError(
+                    f"Kafka broker on {LOOPBACK}:{port} did not answer within "
+                    f"{self._start_timeout:.0f} s; log: {self._log_path}\n"
+                    f"{self._log_tail()}"
+                )
+            time.sleep(0.05)
+
+    def _log_tail(self, lines: int = 20) -> str:
+        if self._log_path is None or not self._log_path.exists():
+            return ""
+        text = self._log_path.read_text(errors="replace").splitlines()
+        return "\n".join(text[-lines:])
+
+    def kill(self) -> None:
+        """SIGKILL the broker, as a crash would; its home and data stay.
+
+        ``start()`` then brings it back on the same port and data.
+        """
+        process, self._process = self._process, None
+        if process is not None and process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(process.pid, signal.SIGCONT)
+            process.kill()
+            process.wait()
+        self._close_log()
+
+    def stop(self, grace: float = 20.0) -> None:
+        """SIGTERM, then SIGKILL after ``grace`` seconds. Safe to call twice.
+
+        A temporary home is removed; one the caller gave is kept.
+        """
+        process, self._process = self._process, None
+        if process is not None and process.poll() is None:
+            # A SIGSTOPped broker (fault tests) would never see the SIGTERM.
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(process.pid, signal.SIGCONT)
+            process.terminate()
+            try:
+                process.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                log.warning("Kafka broker did not stop in %.0f s; killing it", grace)
+                process.kill()
+                process.wait()
+        self._close_log()
+        if self._own_home and self._home is not None:
+            shutil.rmtree(self._home, ignore_errors=True)
+            self._home = None
+            if self._own_log:
+                self._log_path = None
+
+    def _close_log(self) -> None:
+        if self._log_file is not None:
+            self._log_file.close()
+            self._log_file = None
+
+    def create_topics(self, topics: dict[str, int]) -> None:
+        """Create topics with the given partition counts (existing ones are kept)."""
+        ensure_topics(self.settings, topics)
+
+    def __enter__(self) -> EmbeddedKafka:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+@contextlib.contextmanager
+def kafka_cluster(
+    settings: KafkaSettings, *, home: Path | None = None
+) -> Iterator[KafkaSettings]:
+    """The cluster ``settings`` name, or an embedded broker when they name none.
+
+    Args:
+        settings: the cluster, or none (``settings.embedded``).
+        home: the embedded broker's folder (under the run's output folder);
+            None for a temporary one.
+
+    Yields settings with a bootstrap address either way; an embedded broker is
+    stopped on exit, also on error or Ctrl-C.
+    """
+    if not settings.embedded:
+        yield settings
+        return
+    with EmbeddedKafka(home=home) as broker:
+        yield settings.with_bootstrap(broker.bootstrap)
+
+
+def _parse_topic(spec: str) -> tuple[str, int]:
+    name, _, partitions = spec.partition(":")
+    if not name:
+        raise argparse.ArgumentTypeError(f"expected NAME[:PARTITIONS], got {spec!r}")
+    try:
+        count = int(partitions or 1)
+    except ValueError:
+        count = 0
+    if count < 1:
+        raise argparse.ArgumentTypeError(
+            f"bad partition count in {spec!r}: expected a positive integer"
+        )
+    return name, count
+
+
+def _parse_sasl_user(spec: str) -> tuple[str, str]:
+    name, sep, password = spec.partition(":")
+    if not sep or not name or not password:
+        raise argparse.ArgumentTypeError(f"expected NAME:PASSWORD, got {spec!r}")
+    return name, password
+
+
+def build_parser() -> CommandParser:
+    """The flags of ``python -m launchers.kafka_broker``."""
+    parser = CommandParser("launchers.kafka_broker", __doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--port", type=int, help="client port (default: a free one on loopback)"
+    )
+    parser.add_argument(
+        "--home",
+        type=Path,
+        metavar="DIR",
+        help="the broker's folder, kept with its data (default: a temporary one)",
+    )
+    parser.add_argument(
+        "--topic",
+        action="append",
+        type=_parse_topic,
+        default=[],
+        metavar="NAME[:PARTITIONS]",
+        help="create this topic once the broker is up (repeatable; 1 partition "
+        "unless given)",
+    )
+    parser.add_argument(
+        "--sasl-user",
+        action="append",
+        type=_parse_sasl_user,
+        default=[],
+        metavar="NAME:PASSWORD",
+        help="a SASL user (repeatable): adds a SASL_PLAINTEXT listener with "
+        + ", ".join(SASL_LISTENER_MECHANISMS),
+    )
+    parser.add_argument(
+        "--log",
+        type=Path,
+        metavar="FILE",
+        help="broker log file (default: broker.log in its home)",
+    )
+    return parser
+
+
+def serve(args: argparse.Namespace) -> int:
+    """Run the embedded broker in the foreground until Ctrl-C or SIGTERM."""
+    stop = False
+
+    def request_stop(signum: int, _frame: object) -> None:
+        nonlocal stop
+        stop = True
+
+    signal.signal(signal.SIGTERM, request_stop)
+    try:
+        broker = EmbeddedKafka(
+            port=args.port,
+            home=args.home,
+            log_path=args.log,
+            sasl_users=dict(args.sasl_user),
+        )
+    except ValueError as error:
+        raise CommandError(f"--sasl-user: {error}") from error
+    try:
+        with broker:
+            if args.topic:
+                broker.create_topics(dict(args.topic))
+            print(f"Kafka broker ready: {broker.bootstrap} (log: {broker.log_path})")
+            if args.sasl_user:
+                print(
+                    f"SASL_PLAINTEXT listener: {broker.sasl_bootstrap} "
+                    f"({', '.join(SASL_LISTENER_MECHANISMS)})"
+                )
+            print("Stop with Ctrl-C.", flush=True)
+            while not stop:
+                time.sleep(0.2)
+    except BrokerStartError as error:
+        # The first line names the cause and the log; the log has the rest.
+        raise CommandError(str(error).splitlines()[0]) from error
+    except KeyboardInterrupt:
+        pass
+    print("Kafka broker stopped.")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; returns the exit status."""
+    return run_command(build_parser(), serve, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,268 @@
+"""Kafka I/O of the feature job, with kafka-python inside DoFns.
+
+Beam's ``ReadFromKafka`` / ``WriteToKafka`` are cross-language transforms
+that need a Java expansion service; plain DoFns work on every runner.
+
+- ``ReadKafkaEvents``: a bounded read of a raw-event topic, one DoFn per
+  partition, from the group's committed offset (else the start) up to the end
+  offset seen at start; committed at the end. Events published later are the
+  next run's (or the streaming job's).
+- ``PublishExamples``: per user shard, examples in time order, in messages
+  of at most ``--examples-per-message`` examples plus the timeline segments
+  they need (:mod:`features.example_messages`), keyed by the shard so one
+  user's examples stay in order in one partition.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any, Final
+
+import apache_beam as beam
+import pyarrow as pa
+from apache_beam.metrics import Metrics
+
+from features.example_messages import encode_example_message, message_headers
+from features.examples import TIMELINE_SCHEMA
+from features.kafka import KafkaSettings
+from features.windows import timeline_segments
+from pipelines.batch.arrow import concat, ipc_to_table, table_to_ipc
+from pipelines.batch.validate import METRICS_NAMESPACE, RawEvents
+
+POLL_MS: Final = 200
+BATCH_MESSAGES: Final = 50_000
+PRODUCER_TUNING: Final = {
+    "linger_ms": 5,
+    "batch_size": 262_144,
+    "acks": "all",
+    "max_request_size": 64 * 1024 * 1024,
+}
+
+
+class ListPartitionsFn(beam.DoFn):  # type: ignore[misc]
+    """A topic name -> one ``(topic, partition)`` per partition."""
+
+    def __init__(self, settings: KafkaSettings) -> None:
+        self._settings = settings
+
+    def process(self, topic: str) -> Iterator[tuple[str, int]]:
+        """Ask the cluster for the topic's partitions."""
+        from kafka import KafkaConsumer
+
+        consumer = KafkaConsumer(**self._settings.consumer_config(group_id=None))
+        try:
+            partitions = consumer.partitions_for_topic(topic)
+        finally:
+            consumer.close()
+        if not partitions:
+            raise ValueError(f"Kafka topic {topic!r} does not exist")
+        for partition in sorted(partitions):
+            yield topic, partition
+
+
+class ReadPartitionFn(beam.DoFn):  # type: ignore[misc]
+    """Read one partition (bounded, see the module docstring) in batches."""
+
+    def __init__(self, settings: KafkaSettings, group_id: str) -> None:
+        self._settings = settings
+        self._group_id = group_id
+
+    def process(self, element: tuple[str, int]) -> Iterator[RawEvents]:
+        """Yield :class:`RawEvents` batches of message values; commit at the end."""
+        from kafka import KafkaConsumer, TopicPartition
+
+        topic, partition = element
+        tp = TopicPartition(topic, partition)
+        consumer = KafkaConsumer(
+            **self._settings.consumer_config(
+                group_id=self._group_id,
+                enable_auto_commit=False,
+                max_partition_fetch_bytes=8 * 1024 * 1024,
+            )
+        )
+        try:
+            consumer.assign([tp])
+            committed = consumer.committed(tp)
+            if committed is None:
+                consumer.seek_to_beginning(tp)
+            else:
+                consumer.seek(tp, committed)
+            end = consumer.end_offsets([tp])[tp]
+            batch: list[bytes] = []
+            offsets: list[int] = []
+            # The position, not the last offset seen, decides: transaction
+            # markers and compacted gaps hold offsets no record is read at
+            # (which is also why each message keeps its own offset).
+            while consumer.position(tp) < end:
+                records = consumer.poll(timeout_ms=POLL_MS, max_records=10_000)
+                for message in records.get(tp, ()):
+                    batch.append(message.value or b"")
+                    offsets.append(message.offset)
+                    if len(batch) >= BATCH_MESSAGES:
+                        yield _message_batch(topic, partition, batch, offsets)
+                        batch, offsets = [], []
+            if batch:
+                yield _message_batch(topic, partition, batch, offsets)
+            consumer.commit()
+        finally:
+            consumer.close()
+
+
+def _message_batch(
+    topic: str, partition: int, values: list[bytes], offsets: list[int]
+) -> RawEvents:
+    return RawEvents(
+        topic,
+        offsets[0],
+        payloads=tuple(values),
+        offsets=tuple(offsets),
+        partition=partition,
+    )
+
+
+class ReadKafkaEvents(beam.PTransform):  # type: ignore[misc]
+    """Raw event batches (:class:`RawEvents`) from a Kafka topic, bounded."""
+
+    def __init__(
+        self,
+        settings: KafkaSettings,
+        topic: str,
+        *,
+        group_id: str,
+    ) -> None:
+        super().__init__()
+        self._settings = settings
+        self._topic = topic
+        self._group_id = group_id
+
+    def expand(self, pbegin: beam.pvalue.PBegin) -> beam.PCollection:
+        """Partitions, spread over workers, each read by one DoFn call."""
+        return (
+            pbegin
+            | "Topic" >> beam.Create([self._topic])
+            | "ListPartitions" >> beam.ParDo(ListPartitionsFn(self._settings))
+            | "SpreadPartitions" >> beam.Reshuffle()
+            | "ReadPartitions"
+            >> beam.ParDo(
+                ReadPartitionFn(self._settings, self._group_id)
+            ).with_output_types(RawEvents)
+        )
+
+
+def message_batches(
+    examples: pa.Table, timelines: pa.Table, max_seq_len: int, per_message: int
+) -> Iterator[tuple[pa.Table, pa.Table]]:
+    """A shard's examples in time order, cut into (examples, segments) messages."""
+    ordered = examples.sort_by(
+        [("event_time", "ascending"), ("example_id", "ascending")]
+    )
+    for start in range(0, ordered.num_rows, per_message):
+        chunk = ordered.slice(start, per_message)
+        yield chunk, timeline_segments(chunk, timelines, max_seq_len)
+
+
+class PublishShardFn(beam.DoFn):  # type: ignore[misc]
+    """Publish one shard's examples (see the module docstring)."""
+
+    def __init__(
+        self,
+        settings: KafkaSettings,
+        topic: str,
+        max_seq_len: int,
+        per_message: int,
+    ) -> None:
+        self._settings = settings
+        self._topic = topic
+        self._max_seq_len = max_seq_len
+        self._per_message = per_message
+        self._producer: Any = None
+        self.messages = Metrics.counter(METRICS_NAMESPACE, "messages_published")
+        self.examples = Metrics.counter(METRICS_NAMESPACE, "examples_published")
+
+    def setup(self) -> None:
+        """One producer per DoFn instance (reused across bundles)."""
+        from kafka import KafkaProducer
+
+        self._producer = KafkaProducer(
+            **self._settings.producer_config(**PRODUCER_TUNING)
+        )
+
+    def process(self, element: tuple[int, Iterable[tuple[str, bytes]]]) -> None:
+        """Send the shard's messages, keyed by shard."""
+        shard, pieces = element
+        examples = [ipc_to_table(d) for tag, d in pieces if tag == "examples"]
+        timelines = [ipc_to_table(d) for tag, d in pieces if tag == "timelines"]
+        if not examples:
+            return
+        table = pa.concat_tables(examples)
+        key = str(shard).encode()
+        for chunk, segments in message_batches(
+            table,
+            concat(timelines, TIMELINE_SCHEMA),
+            self._max_seq_len,
+            self._per_message,
+        ):
+            self._producer.send(
+                self._topic,
+                key=key,
+                value=encode_example_message(
+                    chunk, segments, max_seq_len=self._max_seq_len
+                ),
+                headers=message_headers(chunk),
+            )
+            self.messages.inc()
+            self.examples.inc(chunk.num_rows)
+
+    def finish_bundle(self) -> None:
+        """Everything sent in the bundle is acknowledged before it commits."""
+        self._producer.flush()
+
+    def teardown(self) -> None:
+        """Close the producer."""
+        if self._producer is not None:
+            self._producer.close()
+
+
+class PublishExamples(beam.PTransform):  # type: ignore[misc]
+    """``(examples, timelines)`` keyed by user shard -> Kafka example messages."""
+
+    def __init__(
+        self,
+        settings: KafkaSettings,
+        topic: str,
+        *,
+        max_seq_len: int,
+        examples_per_message: int,
+    ) -> None:
+        super().__init__()
+        self._settings = settings
+        self._topic = topic
+        self._max_seq_len = max_seq_len
+        self._per_message = examples_per_message
+
+    def expand(self, inputs: tuple[Any, Any]) -> beam.PCollection:
+        """Bring each shard's examples and timelines together, then publish."""
+        examples, timelines = inputs
+
+        def tagged(tag: str) -> Any:
+            return lambda element: (element[0], (tag, table_to_ipc(element[1])))
+
+        typed = tuple[int, tuple[str, bytes]]
+        return (
+            (
+                examples
+                | "TagExamples"
+                >> beam.Map(tagged("examples")).with_output_types(typed),
+                timelines
+                | "TagTimelines"
+                >> beam.Map(tagged("timelines")).with_output_types(typed),
+            )
+            | "Together" >> beam.Flatten()
+            | "ByShard" >> beam.GroupByKey()
+            | "Publish"
+            >> beam.ParDo(
+                PublishShardFn(
+                    self._settings, self._topic, self._max_seq_len, self._per_message
+                )
+            )
+        )

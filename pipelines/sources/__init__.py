@@ -1,0 +1,1 @@
+"""Where events come from: the synthetic world, MovieLens, and raw events on Kafka."""

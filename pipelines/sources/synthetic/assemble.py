@@ -1,0 +1,285 @@
+"""Turn base events and outcomes into the event table and the truth table.
+
+Clicks and conversions copy their impression's user, domain, surface and ad
+fields; every event is put in time order, numbered, and given a string id;
+a few events are then logged twice (at-least-once delivery). All of it is
+array indexing plus one sort.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+
+from features import vocab
+from features.events import EVENT_SCHEMA
+from pipelines.sources.synthetic.outcomes import Outcomes
+from pipelines.sources.synthetic.sampling import IntArray
+from pipelines.sources.synthetic.timelines import BaseEvents
+from pipelines.sources.synthetic.world import Ads
+
+CLICK = vocab.ACTIONS.index("click")
+CONVERSION = vocab.ACTIONS.index("conversion")
+
+TRUTH_SCHEMA = pa.schema(
+    [
+        pa.field("impression_id", pa.string(), False),
+        pa.field("domain", pa.string(), False),
+        pa.field("p_click", pa.float64(), False),
+        pa.field("p_conversion", pa.float64(), False),
+        pa.field("clicked", pa.int8(), False),
+        pa.field("converted", pa.int8(), False),
+    ],
+    metadata={"record": "generator_truth"},
+)
+
+
+@dataclass(frozen=True)
+class Assembled:
+    """The event table (time order, duplicates adjacent) and the truth table."""
+
+    events: pa.Table
+    truth: pa.Table
+    duplicates: int
+    counts: dict[str, dict[str, int]]  # domain -> action -> events written
+    max_events_per_user: int  # as written (the heavy tail)
+    users_with_events: int
+
+
+def id_prefix(seed: int) -> str:
+    """Event-id prefix: ids from different seeds never collide when merged."""
+    return f"s{seed}-"
+
+
+# Four ASCII digits per uint32: ids are written four digits per numpy pass.
+_DIGITS4 = (
+    np.frombuffer(
+        "".join(f"{i:04d}" for i in range(10_000)).encode("ascii"), dtype=np.uint8
+    )
+    .copy()
+    .view(np.uint32)
+)
+ID_MIN_DIGITS = 8
+
+
+def _validity(valid: np.ndarray | None) -> tuple[pa.Buffer | None, int]:
+    """Arrow validity bitmap and null count of a boolean mask (None: no nulls)."""
+    if valid is None:
+        return None, 0
+    return (
+        pa.py_buffer(np.packbits(valid, bitorder="little")),
+        int(valid.size - np.count_nonzero(valid)),
+    )
+
+
+def id_digits(count: int) -> int:
+    """Digits of the ids of ``count`` events: a multiple of 4, at least 8."""
+    needed = len(str(max(count - 1, 0)))
+    return max(ID_MIN_DIGITS, -(-needed // 4) * 4)
+
+
+def id_strings(
+    prefix: str, numbers: IntArray, digits: int, valid: np.ndarray | None = None
+) -> pa.Array:
+    """``prefix + zero-padded number`` as an Arrow string array, built in numpy.
+
+    Casting int64 to string in Arrow costs ~0.2 µs per value; fixed-width ids
+    let us write the UTF-8 bytes and offsets directly, four digits per pass
+    (and they sort like the numbers). Null entries take no bytes.
+
+    Args:
+        prefix: ASCII prefix.
+        numbers: non-negative integers below ``10**digits``.
+        digits: digits per id, a multiple of 4.
+        valid: optional mask; False entries become null.
+
+    Returns:
+        A string array of ``len(numbers)`` ids.
+    """
+    n = numbers.size
+    head = np.frombuffer(prefix.encode("ascii"), dtype=np.uint8)
+    groups = digits // 4
+    rest = np.asarray(numbers if valid is None else numbers[valid], dtype=np.int64)
+    m = rest.size
+    if m and int(rest.max()) < 2**32:
+        rest = rest.astype(np.uint32)  # 32-bit division is markedly faster
+    quads = np.empty((m, groups), dtype=np.uint32)
+    for g in range(groups - 1, -1, -1):
+        rest, low = np.divmod(rest, 10_000)
+        quads[:, g] = _DIGITS4[low]
+    rows = np.empty((m, head.size + digits), dtype=np.uint8)
+    rows[:, : head.size] = head
+    rows[:, head.size :] = quads.view(np.uint8).reshape(m, digits)
+    size = head.size + digits
+    offsets = np.zeros(n + 1, dtype=np.int32)
+    if valid is None:
+        offsets[1:] = np.arange(1, n + 1, dtype=np.int32) * size
+    else:
+        np.cumsum(valid * np.int32(size), out=offsets[1:])
+    bitmap, nulls = _validity(valid)
+    return pa.StringArray.from_buffers(
+        n, pa.py_buffer(offsets), pa.py_buffer(rows), bitmap, nulls
+    )
+
+
+def nullable_ints(values: IntArray, valid: np.ndarray) -> pa.Array:
+    """An int64 Arrow array with nulls where ``valid`` is False (zero-copy data)."""
+    bitmap, nulls = _validity(valid)
+    data = np.ascontiguousarray(values, dtype=np.int64)
+    return pa.Array.from_buffers(
+        pa.int64(), data.size, [bitmap, pa.py_buffer(data)], null_count=nulls
+    )
+
+
+def vocab_strings(
+    values: tuple[str, ...],
+    codes: npt.NDArray[np.integer[Any]],
+    valid: np.ndarray | None = None,
+) -> pa.Array:
+    """Strings from vocabulary codes: one Arrow ``take`` with int8 indices."""
+    indices = np.ascontiguousarray(codes, dtype=np.int8)
+    bitmap, nulls = _validity(valid)
+    index_array = pa.Array.from_buffers(
+        pa.int8(), indices.size, [bitmap, pa.py_buffer(indices)], null_count=nulls
+    )
+    return pa.array(values, pa.string()).take(index_array)
+
+
+def time_order(times: IntArray) -> IntArray:
+    """Stable argsort of event times, via a sort of unique packed keys.
+
+    ``time << bits | row`` makes every key unique, so sorting the values (much
+    faster than ``argsort``) gives the stable order and the result cannot
+    depend on the sort algorithm or CPU.
+    """
+    n = times.size
+    if n == 0:
+        return np.empty(0, dtype=np.int64)
+    rel = times - times.min()
+    bits = max(1, int(n - 1).bit_length())
+    if int(rel.max()).bit_length() + bits > 62:
+        return np.asarray(np.argsort(times, kind="stable"), dtype=np.int64)
+    keys: IntArray = (rel << bits) | np.arange(n, dtype=np.int64)
+    keys.sort()
+    keys &= (1 << bits) - 1
+    return keys
+
+
+def build_tables(
+    base: BaseEvents,
+    outcomes: Outcomes,
+    ads: Ads,
+    *,
+    seed: int,
+    duplicate_rate: float,
+    rng: np.random.Generator,
+) -> Assembled:
+    """Build the event and truth tables.
+
+    Args:
+        base: organic events and impressions.
+        outcomes: per-impression truth and follow-up times.
+        ads: the ads (for their ids and attributes).
+        seed: the run's seed (id prefix).
+        duplicate_rate: probability an event is logged twice.
+        rng: the random stream.
+
+    Returns:
+        The tables and the number of duplicates injected.
+    """
+    n_base = base.user.size
+    clicked_imp = outcomes.impression[outcomes.clicked]
+    converted_imp = outcomes.impression[outcomes.converted]
+    n_click, n_conv = clicked_imp.size, converted_imp.size
+    # Every row of the combined list points at a base event to copy context
+    # from: itself for base events, its impression for follow-ups.
+    parent = np.concatenate(
+        [np.arange(n_base, dtype=np.int64), clicked_imp, converted_imp]
+    )
+    times = np.concatenate([base.time_ms, outcomes.click_ms, outcomes.conversion_ms])
+    actions = np.concatenate(
+        [
+            base.action,
+            np.full(n_click, CLICK, dtype=np.int8),
+            np.full(n_conv, CONVERSION, dtype=np.int8),
+        ]
+    )
+    has_parent_impression = np.arange(parent.size) >= n_base
+
+    order = time_order(times)
+    number = np.empty(order.size, dtype=np.int64)  # event number = time rank
+    number[order] = np.arange(order.size, dtype=np.int64)
+
+    # At-least-once logging: each event is re-emitted with this probability,
+    # right after the original, with the same id.
+    dup = rng.random(order.size) < duplicate_rate
+    emitted = np.repeat(np.arange(order.size, dtype=np.int64), 1 + dup)
+    rows = order[emitted]
+    src = parent[rows]
+
+    digits = id_digits(order.size)
+    prefix = id_prefix(seed)
+    ad = base.ad[src]
+    is_ad = ad >= 0
+    ad_safe = np.where(is_ad, ad, 0)
+    content = base.content[src]  # -1 for impressions and their follow-ups
+    follow_up = has_parent_impression[rows]
+    impression_number = np.where(follow_up, number[src], 0)
+    n = rows.size
+    user = base.user[src]
+    domain = base.domain[src]
+    action = actions[rows]
+
+    columns = [
+        pa.array(np.ones(n, dtype=np.int16)),
+        id_strings(prefix, emitted, digits),
+        pa.array(times[rows], pa.int64()).cast(EVENT_SCHEMA.field("event_time").type),
+        pa.array(user),
+        vocab_strings(vocab.DOMAINS, domain),
+        vocab_strings(vocab.SURFACES, base.surface[src]),
+        vocab_strings(vocab.ACTIONS, action),
+        nullable_ints(ad_safe, is_ad),
+        nullable_ints(ads.advertiser[ad_safe], is_ad),
+        nullable_ints(ads.campaign[ad_safe], is_ad),
+        vocab_strings(vocab.AD_FORMATS, ads.ad_format[ad_safe], is_ad),
+        vocab_strings(vocab.AD_OBJECTIVES, ads.objective[ad_safe], is_ad),
+        id_strings(prefix, impression_number, digits, valid=follow_up),
+        nullable_ints(np.maximum(content, 0), content >= 0),
+    ]
+    events = pa.Table.from_arrays(columns, schema=EVENT_SCHEMA)
+
+    # Truth: one row per impression, in time order like the events.
+    imp_number = number[outcomes.impression]
+    by_time = np.argsort(imp_number)
+    truth = pa.Table.from_arrays(
+        [
+            id_strings(prefix, imp_number[by_time], digits),
+            vocab_strings(vocab.DOMAINS, base.domain[outcomes.impression][by_time]),
+            pa.array(outcomes.p_click[by_time]),
+            pa.array(outcomes.p_conversion[by_time]),
+            pa.array(outcomes.clicked[by_time].astype(np.int8)),
+            pa.array(outcomes.converted[by_time].astype(np.int8)),
+        ],
+        schema=TRUTH_SCHEMA,
+    )
+    per_pair = np.bincount(
+        domain.astype(np.int64) * len(vocab.ACTIONS) + action,
+        minlength=len(vocab.DOMAINS) * len(vocab.ACTIONS),
+    ).reshape(len(vocab.DOMAINS), len(vocab.ACTIONS))
+    counts = {
+        domain: {a: int(per_pair[d, i]) for i, a in enumerate(vocab.ACTIONS)}
+        for d, domain in enumerate(vocab.DOMAINS)
+    }
+    per_user = np.bincount(user) if n else np.zeros(1, dtype=np.int64)
+    return Assembled(
+        events=events,
+        truth=truth,
+        duplicates=int(dup.sum()),
+        counts=counts,
+        max_events_per_user=int(per_user.max()),
+        users_with_events=int(np.count_nonzero(per_user)),
+    )

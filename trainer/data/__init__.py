@@ -1,0 +1,3 @@
+"""What the trainer reads: feature-job outputs, Kafka example topics, and the batch
+every model consumes.
+"""

@@ -1,0 +1,273 @@
+"""``python -m trainer.distill``: the flags, then one student per domain
+(:mod:`trainer.distill.run`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from features.cli import CommandError, CommandParser, run_command
+from features.vocab import DOMAINS
+from trainer.cli import (
+    CHECKPOINT_HELP,
+    feature_dir,
+    positive_float,
+    positive_int,
+)
+from trainer.training.run_config import STUDENT_NAMES
+
+DESCRIPTION = """\
+Train one vertical student per domain from the GEM teacher.
+
+--examples (and --eval) are feature-job outputs; without --eval the last UTC
+day of --examples is the eval split. Teacher outputs default to
+DIR/teacher_outputs and are computed once (python -m
+trainer.distill.teacher_outputs, in a subprocess) when absent. The teacher
+model is the one its checkpoint describes. The metrics file holds, per
+domain, the student's NE / AUC / calibration per objective next to the raw
+teacher's (and the adapter's), the teacher steps and staleness the student
+saw, and per-day progressive calibration."""
+
+# Their defaults are trainer.distill.student_trainer.DistillConfig's (checked by
+# tests/test_trainer_cli.py): that module loads torch, the flags must not.
+KNOBS = {
+    "kd_weight": (1.0, "standard KD loss weight (lambda)"),
+    "kd_temperature": (1.0, "standard KD temperature"),
+    "aux_weight": (1.0, "auxiliary distillation head's loss weight (w)"),
+    "label_scale": (1.0, "auxiliary head's label scaling (alpha)"),
+    "grad_scale": (1.0, "auxiliary head's gradient scaling (beta)"),
+    "adapter_lr": (1e-2, "Student Adapter's learning rate"),
+}
+
+
+def build_parser() -> CommandParser:
+    """The flags of ``python -m trainer.distill``."""
+    parser = CommandParser("trainer.distill", DESCRIPTION)
+    parser.add_argument(
+        "--examples",
+        type=Path,
+        required=True,
+        metavar="DIR",
+        help="feature-job output the students train on",
+    )
+    parser.add_argument(
+        "--eval",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="feature-job output to evaluate on, sharing --examples' timelines "
+        "(python -m trainer.data.split writes such folders; default: the last day "
+        "of --examples)",
+    )
+    parser.add_argument(
+        "--teacher", type=Path, required=True, metavar="PATH", help=CHECKPOINT_HELP
+    )
+    parser.add_argument(
+        "--teacher-outputs",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="teacher outputs of --examples (default: EXAMPLES/teacher_outputs)",
+    )
+    parser.add_argument(
+        "--eval-teacher-outputs",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="teacher outputs of --eval (default: EVAL/teacher_outputs)",
+    )
+    parser.add_argument(
+        "--teacher-max-seq-len",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="most recent history events the teacher sees per example: the "
+        "length it was trained on (default: its configuration's max_seq_len)",
+    )
+    parser.add_argument(
+        "--student", choices=STUDENT_NAMES, default="dlrm_small", help="student size"
+    )
+    parser.add_argument(
+        "--methods",
+        default="full",
+        help="transfer methods: none, full, or a comma list of standard, aux, "
+        "adapter, repr, share",
+    )
+    parser.add_argument(
+        "--domains",
+        default=",".join(DOMAINS),
+        help="comma list of the domains to train a student for",
+    )
+    parser.add_argument(
+        "--epochs", type=positive_int, default=1, help="passes over --examples"
+    )
+    parser.add_argument(
+        "--batch-size", type=positive_int, default=256, help="examples per step"
+    )
+    parser.add_argument(
+        "--lr", type=positive_float, default=2e-3, help="student learning rate"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="student init and order")
+    for name, (default, text) in KNOBS.items():
+        parser.add_argument(
+            "--" + name.replace("_", "-"), type=float, default=default, help=text
+        )
+    parser.add_argument(
+        "--no-adapter-tracker",
+        action="store_true",
+        help="the Student Adapter without its calibration filter (MLP only)",
+    )
+    parser.add_argument(
+        "--share-frozen",
+        action="store_true",
+        help="share: freeze the tables copied from the teacher instead of "
+        "fine-tuning them",
+    )
+    parser.add_argument(
+        "--threads",
+        type=positive_int,
+        default=1,
+        help="torch intra-op threads (the teacher's pass and the students')",
+    )
+    parser.add_argument(
+        "--metrics-out",
+        type=Path,
+        required=True,
+        metavar="FILE",
+        help="where the JSON report goes",
+    )
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    """Check the input, train the students, write the report."""
+    domains = tuple(d.strip() for d in args.domains.split(",") if d.strip())
+    unknown = sorted(set(domains) - set(DOMAINS))
+    if unknown or not domains:
+        raise CommandError(
+            f"--domains {args.domains}: unknown domains {unknown}",
+            f"choose from {','.join(DOMAINS)}",
+        )
+    feature_dir("--examples", args.examples)
+    if args.eval is not None:
+        feature_dir("--eval", args.eval)
+    import torch
+
+    from features.json_report import json_safe
+    from features.memory import reuse_freed_memory
+    from trainer.distill.run import (
+        combined_outputs,
+        distill_domains,
+        ensure_teacher_outputs,
+        load_split,
+        staleness_summary,
+    )
+    from trainer.distill.student_trainer import DistillConfig, parse_methods
+    from trainer.training.checkpoint import read_model_checkpoint
+
+    try:
+        methods = parse_methods(args.methods)
+    except ValueError as error:
+        raise CommandError(f"--methods {args.methods}: {error}") from error
+    torch.set_num_threads(args.threads)
+    # Each step frees and re-allocates the same buffers: keep them (features.memory).
+    reuse_freed_memory()
+    cfg = DistillConfig(
+        methods=methods,
+        student=args.student,
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        seed=args.seed,
+        **{name: getattr(args, name) for name in KNOBS},
+        adapter_tracker=not args.no_adapter_tracker,
+        share_frozen=args.share_frozen,
+    )
+    # Checked here, before a subprocess would run the teacher over the data.
+    state, teacher_path = read_model_checkpoint(args.teacher, "--teacher")
+    sets = [(args.examples, args.teacher_outputs)]
+    if args.eval is not None:
+        sets.append((args.eval, args.eval_teacher_outputs))
+    try:
+        output_dirs = [
+            ensure_teacher_outputs(
+                folder,
+                teacher_path,
+                out or folder / "teacher_outputs",
+                max_seq_len=args.teacher_max_seq_len,
+                # The teacher's pass is most of the command's time.
+                extra_args=("--threads", str(args.threads)),
+            )
+            for folder, out in sets
+        ]
+    except subprocess.CalledProcessError as error:
+        # The job's own one-line error is on stderr above this one.
+        raise CommandError(
+            "python -m trainer.distill.teacher_outputs failed (its error is above)"
+        ) from error
+    try:
+        split = load_split(args.examples, args.eval)
+    except ValueError as error:
+        raise CommandError(str(error)) from error
+    report_domains = distill_domains(
+        cfg,
+        split,
+        combined_outputs(*output_dirs),
+        state,
+        domains=domains,
+        checkpoint_path=teacher_path,
+    )
+    report = {
+        "teacher_checkpoint": str(teacher_path),
+        "teacher_step": int(state["step"]),
+        "teacher_time_ms": state.get("trained_until_ms"),
+        "train_examples": split.train.num_rows,
+        "eval_examples": split.eval.num_rows,
+        "teacher_seen": staleness_summary(report_domains),
+        "domains": report_domains,
+    }
+    args.metrics_out.parent.mkdir(parents=True, exist_ok=True)
+    args.metrics_out.write_text(
+        json.dumps(json_safe(report), indent=1, sort_keys=True) + "\n"
+    )
+    print(format_table(report))
+    return 0
+
+
+def format_table(report: dict[str, Any]) -> str:
+    """One line per (domain, objective): student vs teacher NE / AUC / calib."""
+    head = (
+        f"{'slice':<22}{'count':>7}{'pos':>6}  "
+        f"{'student NE/AUC/cal':<26}{'teacher NE/AUC/cal':<26}"
+    )
+    rows = [head, "-" * len(head)]
+
+    def cell(m: dict[str, Any] | None) -> str:
+        if not m:
+            return "n/a"
+        vals = [m.get(k) for k in ("ne", "auc", "calibration")]
+        return " / ".join(
+            "n/a" if v is None or not math.isfinite(v) else f"{v:.4f}" for v in vals
+        )
+
+    for domain, r in report["domains"].items():
+        if "eval" not in r:
+            rows.append(f"{domain:<22}{r.get('skipped', '')}")
+            continue
+        for o, m in r["eval"]["student"].items():
+            t = r["eval"].get("teacher", {}).get(o)
+            rows.append(
+                f"{domain + '/' + o:<22}{m['count']:>7}{m['positives']:>6}  "
+                f"{cell(m):<26}{cell(t):<26}"
+            )
+    return "\n".join(rows)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m trainer.distill`` (see :data:`DESCRIPTION`)."""
+    return run_command(build_parser(), run, argv)

@@ -1,0 +1,1 @@
+"""How the model is spread over ranks: replicated or model-parallel tables."""

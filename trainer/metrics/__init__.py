@@ -1,0 +1,3 @@
+"""What the trainer measures and reports: progressive validation, calibration, the
+/metrics endpoint.
+"""
