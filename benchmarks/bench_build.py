@@ -62,9 +62,10 @@ else:
     # What ``python -m pipelines.reference --overwrite`` does, timed by part.
     import shutil
     from pathlib import Path
+    from pipelines import reference as reference_command
     from pipelines.core import reference
     from features.memory import reuse_freed_memory
-    reuse_freed_memory()  # as reference.main() does
+    reuse_freed_memory()  # as reference_command.main() does
     for part in reference.OUTPUT_PARTS:
         path = Path(out) / part
         shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)

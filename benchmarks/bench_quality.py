@@ -79,7 +79,7 @@ from benchmarks import quality_seeds
 from benchmarks.quality_seeds import best_validation
 from features.metrics import binary_metrics
 from features.vocab import DOMAINS, TRAINING_OBJECTIVES
-from pipelines.core import reference
+from pipelines import reference as reference_command
 from pipelines.sources import movielens
 from pipelines.sources.synthetic import GeneratorConfig, generate_dataset
 from trainer.data.feature_output import (
@@ -634,7 +634,7 @@ def generated(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     if not reuse:
         generate_dataset(gen, work / "gen")
         assert (
-            reference.main(
+            reference_command.main(
                 [
                     "--input",
                     str(work / "gen"),
@@ -719,7 +719,7 @@ def movielens_section(args: argparse.Namespace, work: Path) -> dict[str, Any] | 
     if not reuse:
         movielens.run(source, work / "ml", overwrite=True)
         assert (
-            reference.main(
+            reference_command.main(
                 [
                     "--input",
                     str(work / "ml"),

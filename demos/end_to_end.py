@@ -557,9 +557,9 @@ def _feast_step(features_dir: Path) -> dict[str, bool]:
     if not (features_dir / "feature_tables").is_dir():
         # No feature job ran before this step: make the tables with the
         # single-process reference job.
-        from pipelines.core import reference
+        from pipelines import reference as reference_command
 
-        reference.main(
+        reference_command.main(
             ["--input", str(features_dir.parent), "--output", str(features_dir)]
         )
     env = feast_ops.feast_env()

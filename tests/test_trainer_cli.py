@@ -204,16 +204,16 @@ def test_fit_bad_input_is_one_line(
 ) -> None:
     base = ["--eval", str(periods["eval"]), "--metrics-out", str(tmp_path / "m")]
     assert fit_command.main(["--train", str(tmp_path / "nope"), *base]) == 2
-    assert "--train" in _one_line_error(capsys, "trainer.training.fit")
+    assert "--train" in _one_line_error(capsys, "trainer.fit")
     argv = ["--train", str(periods["train"]), *base, "--recalibrate"]
     assert fit_command.main(argv) == 2
-    assert "needs --validation" in _one_line_error(capsys, "trainer.training.fit")
+    assert "needs --validation" in _one_line_error(capsys, "trainer.fit")
     broken = tmp_path / "broken"
     for part in ("examples/date=2026-10-01", "timelines"):
         (broken / part).mkdir(parents=True)
         (broken / part / "part-0.parquet").write_bytes(b"not parquet at all")
     assert fit_command.main(["--train", str(broken), *base, *FAST]) == 2
-    line = _one_line_error(capsys, "trainer.training.fit")
+    line = _one_line_error(capsys, "trainer.fit")
     assert f"--train {broken}: unreadable" in line
 
 
@@ -227,7 +227,7 @@ def test_a_checkpoint_without_its_model_config_says_what_to_do(
     )
     argv = ["--examples", str(periods["eval"]), "--output", str(tmp_path / "o")]
     assert teacher_outputs_command.main([*argv, "--teacher", str(bare)]) == 2
-    line = _one_line_error(capsys, "trainer.distill.teacher_pass")
+    line = _one_line_error(capsys, "trainer.distill.teacher_outputs")
     assert "does not say which model it holds" in line
     assert "python -m trainer.fit --save" in line
     # A corrupt file and an empty folder: one line each, naming the flag.
@@ -235,11 +235,11 @@ def test_a_checkpoint_without_its_model_config_says_what_to_do(
     corrupt.write_bytes(bare.read_bytes()[:1000])
     assert teacher_outputs_command.main([*argv, "--teacher", str(corrupt)]) == 2
     assert f"--teacher {corrupt}: unreadable" in _one_line_error(
-        capsys, "trainer.distill.teacher_pass"
+        capsys, "trainer.distill.teacher_outputs"
     )
     (tmp_path / "empty").mkdir()
     argv += ["--teacher", str(tmp_path / "empty")]
     assert teacher_outputs_command.main(argv) == 2
     assert "no checkpoint files" in _one_line_error(
-        capsys, "trainer.distill.teacher_pass"
+        capsys, "trainer.distill.teacher_outputs"
     )
