@@ -22,12 +22,13 @@ import apache_beam as beam
 import pyarrow as pa
 from apache_beam.metrics import Metrics
 
+from features.arrow_ipc import ipc_to_table, table_to_ipc
 from features.example_messages import encode_example_message, message_headers
 from features.examples import TIMELINE_SCHEMA
 from features.kafka import KafkaSettings
 from features.windows import timeline_segments
-from pipelines.batch.arrow import concat, ipc_to_table, table_to_ipc
 from pipelines.batch.validate import METRICS_NAMESPACE, RawEvents
+from pipelines.core.columns import concat
 
 POLL_MS: Final = 200
 BATCH_MESSAGES: Final = 50_000

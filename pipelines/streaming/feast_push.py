@@ -38,7 +38,7 @@ import numpy as np
 import pyarrow as pa
 from apache_beam.metrics import Metrics
 
-from pipelines.batch.arrow import to_int64
+from pipelines.core.columns import to_int64
 from pipelines.streaming.tables import state_table
 
 METRICS_NAMESPACE: Final = "gem.stream"
