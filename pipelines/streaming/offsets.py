@@ -112,15 +112,13 @@ class CommitOffsetsFn(beam.DoFn):  # type: ignore[misc]
             self._commit(str(key), max(done))
 
     def _commit(self, source: str, offset: int) -> None:
-        from kafka import KafkaConsumer, TopicPartition
+        from kafka import TopicPartition
         from kafka.structs import OffsetAndMetadata
 
         topic, partition = source.rsplit("/", 1)
         if self._consumer is None:
-            self._consumer = KafkaConsumer(
-                **self._settings.consumer_config(
-                    group_id=self._group_id, enable_auto_commit=False
-                )
+            self._consumer = self._settings.consumer(
+                group_id=self._group_id, enable_auto_commit=False
             )
         self._consumer.commit(
             {TopicPartition(topic, int(partition)): OffsetAndMetadata(offset, "", -1)}
