@@ -77,7 +77,7 @@ def test_an_unsupported_feast_is_one_line_and_exit_2_in_a_command() -> None:
     script = (
         "import sys\n"
         "from features.cli import CommandParser, run_command\n"
-        "from pipelines import feast_version\n"
+        "from pipelines.feast import version as feast_version\n"
         "def command(args):\n"
         "    problem = feast_version.unsupported_feast('0.70.0')\n"
         "    raise feast_version.UnsupportedFeastError(problem)\n"

@@ -272,10 +272,10 @@ class WriteUserSequencesFn(BackgroundWriteFn):
 class WriteUserSequences(beam.PTransform):  # type: ignore[misc]
     """``(shard, timelines)`` -> ``feature_tables/user_sequence.parquet``.
 
-    One file sorted by (user, snapshot time), so the shards' timelines (about
-    a fifth of the snapshots' bytes) are gathered under one key and the
+    One file sorted by (user, snapshot time), so the shards' timelines (a
+    fraction of the snapshots' bytes) are gathered under one key and the
     snapshots cut once, already in that order; gathering per-shard snapshots
-    instead would ship and reorder ~5x the bytes.
+    instead would ship and reorder several times the bytes.
     """
 
     def __init__(self, output: str) -> None:

@@ -55,6 +55,7 @@ from pipelines.streaming.state_mirror import TOKEN as MIRROR_TOKEN
 from pipelines.streaming.state_mirror import MirroredState, StateMirror
 from pipelines.streaming.tables import (
     ENTITY_EVENT_SCHEMA,
+    PUSH,
     answer_schema,
     ceil_to,
     concatenated,
@@ -63,7 +64,6 @@ from pipelines.streaming.tables import (
     state_table,
 )
 
-PUSH: Final = "push"
 _IMPRESSION: Final = COUNTER_ACTIONS.index("impression") + 1
 
 

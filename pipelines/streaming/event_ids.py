@@ -65,7 +65,7 @@ from pipelines.core.event_copies import (
     id_projection,
 )
 from pipelines.core.shards import shard_of, split_by_shard
-from pipelines.streaming.config import StreamConfig
+from pipelines.streaming.config import METRICS_NAMESPACE, StreamConfig
 from pipelines.streaming.state_mirror import TOKEN as MIRROR_TOKEN
 from pipelines.streaming.state_mirror import StateMirror
 from pipelines.streaming.tables import (
@@ -76,7 +76,6 @@ from pipelines.streaming.tables import (
     state_table,
 )
 
-METRICS_NAMESPACE: Final = "gem.stream"
 WINNERS: Final = "winners"
 """The kind of the notices, in the user and entity shards' inputs."""
 ENTITY_NOTICES: Final = "entity_notices"

@@ -48,21 +48,20 @@ from pipelines.batch.runner import (
     runner_name,
     use_local_prism,
 )
-from pipelines.streaming.config import StreamConfig
-from pipelines.streaming.entity_state import PUSH, EntityShardFn, route_entity_rows
+from pipelines.streaming.config import METRICS_NAMESPACE, StreamConfig
+from pipelines.streaming.entity_state import EntityShardFn, route_entity_rows
 from pipelines.streaming.event_ids import ENTITY_NOTICES, EventIdFn, id_elements
 from pipelines.streaming.feast_push import PushToFeastFn, check_push_target
 from pipelines.streaming.flags import add_streaming_arguments
 from pipelines.streaming.kafka_source import (
     DEAD_LETTERS,
     MARKS,
-    METRICS_NAMESPACE,
     EventBatch,
     ReadEventStream,
 )
 from pipelines.streaming.offsets import CommitOffsetsFn, Mark
 from pipelines.streaming.publish import PublishDeadLettersFn, PublishExampleMessagesFn
-from pipelines.streaming.tables import state_bytes
+from pipelines.streaming.tables import PUSH, state_bytes
 from pipelines.streaming.user_state import UserShardFn, shard_events
 
 Keyed = tuple[int, tuple[str, bytes]]
@@ -300,7 +299,7 @@ def choose_streaming_runner(options: PipelineOptions) -> None:
         return
     options.view_as(StandardOptions).runner = "PrismRunner"
     # Prism splits a slow bundle of a stateful stage, and a split bundle with
-    # timers can fire them twice or out of order (apache/beam#35771). The
+    # timers can fire them twice or out of order (a Beam Prism bug). The
     # reader checkpoints itself, so the job needs no split at all.
     debug = options.view_as(DebugOptions)
     if PRISM_NO_SPLITS not in (debug.experiments or []):

@@ -50,6 +50,7 @@ from apache_beam.utils.timestamp import Duration, Timestamp
 from features.deadletter import DeadLetter
 from features.events import EVENT_SCHEMA, decode_event, now_ms
 from features.kafka import KafkaSettings
+from pipelines.streaming.config import METRICS_NAMESPACE
 from pipelines.streaming.tables import STREAM_EVENT_SCHEMA
 from pipelines.streaming.topic_positions import (
     END,
@@ -61,7 +62,6 @@ from pipelines.streaming.topic_positions import (
     WatermarksProvider,
 )
 
-METRICS_NAMESPACE: Final = "gem.stream"
 DEAD_LETTERS: Final = "dead_letters"
 MARKS: Final = "marks"
 EVENTS: Final = "events"

@@ -21,7 +21,7 @@ on the example-id ledger (:mod:`.publish`) instead.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any, Final
+from typing import Any
 
 import apache_beam as beam
 from apache_beam.coders import TupleCoder, VarIntCoder
@@ -35,9 +35,8 @@ from apache_beam.transforms.userstate import (
 from apache_beam.utils.timestamp import Timestamp
 
 from features.kafka import KafkaSettings
-from pipelines.streaming.config import LABEL_WINDOW_MS, StreamConfig
+from pipelines.streaming.config import LABEL_WINDOW_MS, METRICS_NAMESPACE, StreamConfig
 
-METRICS_NAMESPACE: Final = "gem.stream"
 Mark = tuple[str, tuple[int, int]]
 """``("topic/partition", (next offset, newest event time ms))``."""
 

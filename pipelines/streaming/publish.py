@@ -38,9 +38,9 @@ from features.example_messages import (
 from features.kafka import KafkaSettings, topic_records
 from features.kafka.topics import RECORD_OVERHEAD_BYTES, max_message_bytes
 from features.windows import timeline_segments
+from pipelines.streaming.config import METRICS_NAMESPACE
 from pipelines.streaming.tables import state_table
 
-METRICS_NAMESPACE: Final = "gem.stream"
 PRODUCER_TUNING: Final = {
     "linger_ms": 5,
     "batch_size": 262_144,

@@ -16,6 +16,9 @@ from features.events import EVENT_SCHEMA
 from features.feature_tables import counter_names
 from pipelines.core.columns import IntArray, to_int64
 
+PUSH: Final = "push"
+"""The tagged output of the stateful stages that carries online rows for Feast."""
+
 STREAM_EVENT_SCHEMA: Final = EVENT_SCHEMA.append(
     pa.field("published_ms", pa.int64(), False, {"doc": "Kafka record time (ms)"})
 )

@@ -59,12 +59,13 @@ from pipelines.core.counters import ENTITY_KINDS
 from pipelines.core.event_copies import losing_copies
 from pipelines.core.examples import impression_mask
 from pipelines.core.shards import shard_of, split_by_shard
-from pipelines.streaming.config import StreamConfig
+from pipelines.streaming.config import METRICS_NAMESPACE, StreamConfig
 from pipelines.streaming.event_ids import WINNERS, compact_winners, winners_of
 from pipelines.streaming.state_mirror import TOKEN as MIRROR_TOKEN
 from pipelines.streaming.state_mirror import MirroredState, StateMirror
 from pipelines.streaming.tables import (
     DROPPED_SCHEMA,
+    PUSH,
     STREAM_EVENT_SCHEMA,
     answer_schema,
     concatenated,
@@ -79,9 +80,6 @@ from pipelines.streaming.user_release import (
     release_user_shard,
     user_push_rows,
 )
-
-METRICS_NAMESPACE: Final = "gem.stream"
-PUSH: Final = "push"
 
 ExampleMessage = tuple[int, bytes, bytes]
 """``(user shard, examples IPC, segments IPC)``: one message's worth."""

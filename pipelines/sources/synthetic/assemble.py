@@ -87,7 +87,7 @@ def id_strings(
 ) -> pa.Array:
     """``prefix + zero-padded number`` as an Arrow string array, built in numpy.
 
-    Casting int64 to string in Arrow costs ~0.2 µs per value; fixed-width ids
+    Casting int64 to string in Arrow is slow per value; fixed-width ids
     let us write the UTF-8 bytes and offsets directly, four digits per pass
     (and they sort like the numbers). Null entries take no bytes.
 
