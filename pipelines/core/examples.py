@@ -33,7 +33,7 @@ from pipelines.core.asof import asof_index, per_table
 from pipelines.core.columns import IntArray, to_int64, vocabulary_codes
 from pipelines.core.timelines import user_offsets
 
-_WINDOW_MS: Final = {
+LABEL_WINDOWS_MS: Final = {
     "click": int(CLICK_WINDOW.total_seconds() * 1000),
     "conversion": int(CONVERSION_WINDOW.total_seconds() * 1000),
 }
@@ -80,7 +80,7 @@ def labels(events: pa.Table, impressions: pa.Table, action: str) -> IntArray:
         to_int64(follow.column("event_time"))[known]
         - to_int64(impressions.column("event_time"))[target[known]]
     )
-    inside = (delay >= 0) & (delay < _WINDOW_MS[action])
+    inside = (delay >= 0) & (delay < LABEL_WINDOWS_MS[action])
     label[target[known][inside]] = 1
     return label
 

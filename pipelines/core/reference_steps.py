@@ -34,7 +34,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from features import vocab
-from features.events import CLICK_WINDOW, CONVERSION_WINDOW, SCHEMA_VERSION
+from features.events import SCHEMA_VERSION
 from features.examples import TIMELINE_SCHEMA, training_example_schema
 from features.feature_tables import (
     AD_PROFILE_FEATURES,
@@ -46,12 +46,16 @@ from features.fields import TIMESTAMP_TYPE
 from features.registry import (
     COUNTER_ACTIONS,
     COUNTER_ENTITIES,
-    COUNTER_WINDOWS,
     sequence_item_key,
 )
 from pipelines.core.columns import to_int64, vocabulary_codes
+from pipelines.core.counters import WINDOWS_MS, named_counts
 from pipelines.core.event_copies import winning_copies
-from pipelines.core.examples import ad_attribute_codes, user_attribute_codes
+from pipelines.core.examples import (
+    LABEL_WINDOWS_MS,
+    ad_attribute_codes,
+    user_attribute_codes,
+)
 from pipelines.core.ordering import timeline_order
 from pipelines.core.timelines import sequence_rows
 from pipelines.core.window_counter import WindowCounter
@@ -60,11 +64,6 @@ I64 = npt.NDArray[np.int64]
 
 HOUR_MS: Final = 3_600_000
 DAY_MS: Final = 86_400_000
-WINDOW_MS: Final[Mapping[str, int]] = {"1h": HOUR_MS, "1d": DAY_MS, "7d": 7 * DAY_MS}
-LABEL_WINDOWS_MS: Final[Mapping[str, int]] = {
-    "click": int(CLICK_WINDOW.total_seconds() * 1000),
-    "conversion": int(CONVERSION_WINDOW.total_seconds() * 1000),
-}
 
 
 def _as_of(key: I64, time_ms: I64, table: pd.DataFrame, key_name: str) -> pd.DataFrame:
@@ -188,7 +187,6 @@ def window_counters(events: DistinctEvents) -> dict[str, WindowCounter]:
     code = np.zeros(events.action.size, dtype=np.int64)
     for number, action in enumerate(COUNTER_ACTIONS, start=1):
         code[events.action == ACTION_ID[action]] = number
-    windows = tuple(WINDOW_MS[w] for w in COUNTER_WINDOWS)
     ad = events.is_ad
     return {
         entity: WindowCounter(
@@ -196,20 +194,9 @@ def window_counters(events: DistinctEvents) -> dict[str, WindowCounter]:
             events.time[ad],
             code[ad],
             len(COUNTER_ACTIONS),
-            windows,
+            WINDOWS_MS,
         )
         for entity in COUNTER_ENTITIES
-    }
-
-
-def _counter_columns(
-    entity: str, counts: list[list[I64]]
-) -> dict[str, npt.NDArray[np.float32]]:
-    """``counts[action][window]`` as the float32 counter columns of ``entity``."""
-    return {
-        f"{entity}_{action}_count_{window}": count.astype(np.float32)
-        for action, per_window in zip(COUNTER_ACTIONS, counts, strict=True)
-        for window, count in zip(COUNTER_WINDOWS, per_window, strict=True)
     }
 
 
@@ -312,7 +299,7 @@ def examples_of(
     columns["hour_of_day"] = (t // HOUR_MS) % 24 + 1
     for entity in COUNTER_ENTITIES:
         counts = counters[entity].count(events.entity(entity)[imp], t)
-        columns |= _counter_columns(entity, counts)
+        columns |= named_counts(entity, counts)
     columns["timeline_cut"] = _timeline_cut(events, user, t)
     schema = training_example_schema()
     examples = pa.Table.from_arrays(
@@ -344,7 +331,7 @@ def _counter_table(counter: WindowCounter, entity: str) -> pa.Table:
         {
             f"{entity}_id": key,
             EVENT_TIMESTAMP: time_ms,
-            **_counter_columns(entity, counter.count_at_points()),
+            **named_counts(entity, counter.count_at_points()),
         }
     )
     return _frame_table(frame, f"{entity}_counters")

@@ -258,13 +258,12 @@ class UserShardFn(beam.DoFn):  # type: ignore[misc]
 
 
 def load_dimensions(input_dir: str) -> Dimensions:
-    """The users / ads / contents tables of a data set folder."""
-    from pathlib import Path
-
-    from pipelines.batch.io import DIMENSION_SCHEMAS, read_dimension
+    """The users / ads / contents tables of a data set folder, read as the
+    batch job reads them (through Beam's filesystems)."""
+    from pipelines.batch.io import DIMENSION_SCHEMAS, dimension_path, read_dimension
 
     tables = {
-        name: read_dimension(str(Path(input_dir) / f"{name}.parquet"), schema)
+        name: read_dimension(dimension_path(input_dir, name), schema)
         for name, schema in DIMENSION_SCHEMAS.items()
     }
     return Dimensions(tables["users"], tables["ads"], tables["contents"])
