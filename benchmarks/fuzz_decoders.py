@@ -388,11 +388,9 @@ def make_decode_event(seeds: list[bytes]) -> Check:
 
 def make_stream_event(seeds: list[bytes]) -> Check:
     """Target ``stream_event``: one poll of one partition, a message per line."""
-    from pipelines.streaming.kafka_source import (
-        DEAD_LETTERS,
-        EVENTS,
+    from pipelines.streaming.kafka_source import DEAD_LETTERS, EVENTS, ReadTopicFn
+    from pipelines.streaming.topic_positions import (
         PartitionWatermarks,
-        ReadTopicFn,
         TopicPositions,
         TopicPositionsTracker,
     )

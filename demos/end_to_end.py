@@ -553,6 +553,7 @@ def _feast_step(features_dir: Path) -> dict[str, bool]:
     from feast import FeatureStore
 
     from pipelines.feast import ops as feast_ops
+    from pipelines.feast import retrieval as feast_retrieval
 
     if not (features_dir / "feature_tables").is_dir():
         # No feature job ran before this step: make the tables with the
@@ -614,11 +615,11 @@ def _feast_step(features_dir: Path) -> dict[str, bool]:
     )
 
     examples = ds.dataset(features_dir / "examples", partitioning="hive").to_table(
-        columns=["example_id", "event_time", *feast_ops.example_columns()]
+        columns=["example_id", "event_time", *feast_retrieval.example_columns()]
     )
     sample = examples.to_pandas().sample(n=min(300, examples.num_rows), random_state=0)
     started = time.monotonic()
-    mismatches = feast_ops.example_mismatches(store, sample)
+    mismatches = feast_retrieval.example_mismatches(store, sample)
     print(
         f"  {len(sample)} training examples vs Feast's point-in-time features in "
         f"{time.monotonic() - started:.1f} s: "

@@ -45,6 +45,7 @@ from typing import Final
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from features.arrow_ipc import ipc_to_table, table_to_ipc
 from features.events import SCHEMA_VERSION
 from features.examples import TIMELINE_SEGMENT_SCHEMA, training_example_schema
 
@@ -112,14 +113,6 @@ def header_event_time(headers: list[tuple[str, bytes]] | None) -> int | None:
     return None
 
 
-def _stream(table: pa.Table) -> bytes:
-    sink = pa.BufferOutputStream()
-    options = pa.ipc.IpcWriteOptions(compression="lz4")
-    with pa.ipc.new_stream(sink, table.schema, options=options) as writer:
-        writer.write_table(table)
-    return bytes(sink.getvalue())
-
-
 _WINDOW_KEY: Final = b"max_seq_len"
 
 
@@ -155,12 +148,12 @@ def encode_example_message(
             raise ValueError(f"{name} are not in the contract schema")
     if max_seq_len < 1:
         raise ValueError(f"max_seq_len must be at least 1, got {max_seq_len}")
-    first = _stream(examples.replace_schema_metadata(example_schema.metadata))
+    first = table_to_ipc(examples.replace_schema_metadata(example_schema.metadata))
     segment_metadata = {
         **(TIMELINE_SEGMENT_SCHEMA.metadata or {}),
         _WINDOW_KEY: str(max_seq_len).encode(),
     }
-    second = _stream(segments.replace_schema_metadata(segment_metadata))
+    second = table_to_ipc(segments.replace_schema_metadata(segment_metadata))
     return frame_streams(first, second)
 
 
@@ -178,7 +171,7 @@ def frame_streams(examples_stream: bytes, segments_stream: bytes) -> bytes:
 def _read(data: bytes, schema: pa.Schema, what: str) -> tuple[pa.Table | None, str]:
     """An IPC stream in exactly ``schema``, or (None, reason)."""
     try:
-        table = pa.ipc.open_stream(pa.py_buffer(data)).read_all()
+        table = ipc_to_table(data)
         # Full validation: corrupted offsets must be a reason here, not a
         # crash later in whoever reads the lists.
         table.validate(full=True)

@@ -2,9 +2,10 @@
 
 One JVM is broker and controller at once, listening on loopback. Its jars
 come from Maven Central through ``requirements/kafka/pom.xml`` (``make
-kafka`` copies them into ``.tools/kafka/libs``); ``GEM_KAFKA_LIBS`` points at
-another folder of them. Everything talks to it with ordinary Kafka clients, so
-pointing the same code at a real cluster is a matter of ``--kafka-bootstrap``.
+kafka`` copies them into ``.tools/kafka/libs``; what it needs of the host:
+:mod:`launchers.kafka_host`; its configuration: :mod:`launchers.kafka_config`).
+Everything talks to it with ordinary Kafka clients, so pointing the same code
+at a real cluster is a matter of ``--kafka-bootstrap``.
 
 The broker lives in one folder (its *home*): ``server.properties``, the log4j
 configuration, ``broker.log`` and ``data/``, Kafka's log directory. A home
@@ -38,172 +39,45 @@ Missing Java or jars are one line on stderr and exit status 2.
 from __future__ import annotations
 
 import argparse
-import base64
 import contextlib
-import ctypes
 import logging
 import os
 import shutil
 import signal
-import socket
-import struct
 import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Final, TextIO
 
 from features.cli import CommandError, CommandParser, run_command
-from features.kafka.settings import MAX_MESSAGE_BYTES, KafkaSettings
+from features.kafka.settings import KafkaSettings
 from features.kafka.topics import ensure_topics
+from launchers.kafka_config import (
+    SASL_LISTENER_MECHANISMS,
+    check_sasl_users,
+    log4j_properties,
+    scram_arguments,
+    server_properties,
+)
+from launchers.kafka_host import (
+    LOOPBACK,
+    BrokerStartError,
+    answers_api_versions,
+    die_with_parent,
+    free_loopback_port,
+    java_binary,
+    kafka_libs,
+    random_cluster_id,
+)
 
 log = logging.getLogger(__name__)
 
-LOOPBACK: Final = "127.0.0.1"
-LIBS_ENV: Final = "GEM_KAFKA_LIBS"
-DEFAULT_LIBS: Final = Path(__file__).resolve().parents[1] / ".tools" / "kafka" / "libs"
 DEFAULT_HEAP: Final = "512m"
-NODE_ID: Final = 1
-_PR_SET_PDEATHSIG: Final = 1
 _ADDRESS_IN_USE_HINTS: Final = ("address already in use", "bindexception")
-SASL_LISTENER_MECHANISMS: Final = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
-# Characters a SASL user name or password may not hold: they would need
-# escaping in server.properties, the JAAS text and the SCRAM argument at once.
-_SASL_FORBIDDEN: Final = frozenset('"\\,=[]')
-
-# What the embedded node needs beyond Kafka's defaults. One node: every
-# internal topic has one replica. Tests join many groups, so the first join
-# is not held back to gather members. Messages carry whole example batches.
-# After a SIGKILL the node's old broker registration must lapse before it is
-# let back in: a short broker session makes that seconds, not Kafka's 9 s.
-_BROKER_CONFIG: Final = {
-    "process.roles": "broker,controller",
-    "node.id": str(NODE_ID),
-    "controller.listener.names": "CONTROLLER",
-    "inter.broker.listener.name": "PLAINTEXT",
-    "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
-    "num.partitions": "1",
-    "offsets.topic.replication.factor": "1",
-    "offsets.topic.num.partitions": "4",
-    "transaction.state.log.replication.factor": "1",
-    "transaction.state.log.min.isr": "1",
-    "transaction.state.log.num.partitions": "4",
-    "share.coordinator.state.topic.replication.factor": "1",
-    "share.coordinator.state.topic.min.isr": "1",
-    "group.initial.rebalance.delay.ms": "0",
-    "message.max.bytes": str(MAX_MESSAGE_BYTES),
-    "broker.heartbeat.interval.ms": "1000",
-    "broker.session.timeout.ms": "4000",
-    "num.network.threads": "2",
-    "num.io.threads": "4",
-    "num.recovery.threads.per.data.dir": "1",
-}
-
-# Kafka logs through SLF4J to log4j2; this sends it to stdout (the log file)
-# without the multi-page configuration dumps of every client it starts.
-_LOG4J_CONFIG: Final = """\
-status = warn
-appender.out.type = Console
-appender.out.name = out
-appender.out.layout.type = PatternLayout
-appender.out.layout.pattern = [%d] %p %m (%c)%n
-rootLogger.level = info
-rootLogger.appenderRef.out.ref = out
-logger.config.name = org.apache.kafka.common.config.AbstractConfig
-logger.config.level = warn
-"""
-
-
-class BrokerStartError(RuntimeError):
-    """The embedded broker did not come up; the message names port and log."""
-
-
-def kafka_libs() -> Path:
-    """The folder of Apache Kafka's jars (``GEM_KAFKA_LIBS`` overrides).
-
-    Raises:
-        BrokerStartError: the folder holds no Kafka server jar.
-    """
-    override = os.environ.get(LIBS_ENV)
-    libs = Path(override) if override else DEFAULT_LIBS
-    if not any(libs.glob("kafka_2.13-*.jar")):
-        raise BrokerStartError(
-            f"Apache Kafka's jars are not in {libs}; run `make kafka` "
-            f"(or set {LIBS_ENV} to a folder of them)"
-        )
-    return libs
-
-
-def java_binary() -> str:
-    """The ``java`` of ``JAVA_HOME``, else the one on ``PATH``.
-
-    Raises:
-        BrokerStartError: no Java is found.
-    """
-    home = os.environ.get("JAVA_HOME")
-    if home and (Path(home) / "bin" / "java").is_file():
-        return str(Path(home) / "bin" / "java")
-    found = shutil.which("java")
-    if found is None:
-        raise BrokerStartError(
-            "no java on PATH: the embedded Kafka broker needs Java 17 or newer; "
-            "install a JDK or set JAVA_HOME"
-        )
-    return found
-
-
-def free_loopback_port() -> int:
-    """A TCP port that was free on the loopback interface a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((LOOPBACK, 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def random_cluster_id() -> str:
-    """A KRaft cluster id: 16 random bytes, URL-safe base64 without padding.
-
-    Like Kafka's own ``random-uuid``, never one starting with ``-`` (a command
-    line would read it as a flag); saves a JVM start.
-    """
-    while True:
-        text = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
-        if not text.startswith("-"):
-            return text
-
-
-def _die_with_parent() -> None:
-    """In the child, before exec: get SIGTERM when the parent dies (Linux).
-
-    Keeps a broker from outliving a test runner or demo that was SIGKILLed.
-    """
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
-def _answers_api_versions(port: int, timeout: float = 0.5) -> bool:
-    """True when a Kafka broker on ``port`` answers an ApiVersions (v0) request."""
-    correlation_id = 0x6E6D
-    client = b"gem-probe"
-    body = struct.pack(">hhih", 18, 0, correlation_id, len(client)) + client
-    try:
-        with socket.create_connection((LOOPBACK, port), timeout=timeout) as sock:
-            sock.sendall(struct.pack(">i", len(body)) + body)
-            header = b""
-            while len(header) < 8:
-                chunk = sock.recv(8 - len(header))
-                if not chunk:
-                    return False
-                header += chunk
-    except OSError:
-        return False
-    _size, answered_id = struct.unpack(">ii", header)
-    return bool(answered_id == correlation_id)
 
 
 class EmbeddedKafka:
@@ -240,12 +114,7 @@ class EmbeddedKafka:
         heap: str = DEFAULT_HEAP,
         sasl_users: Mapping[str, str] | None = None,
     ) -> None:
-        for text in (*(sasl_users or {}), *(sasl_users or {}).values()):
-            if not text or _SASL_FORBIDDEN & set(text) or text != text.strip():
-                raise ValueError(
-                    f"SASL user names and passwords must be non-empty, without "
-                    f"blanks at the ends or any of {''.join(sorted(_SASL_FORBIDDEN))}"
-                )
+        check_sasl_users(sasl_users or {})
         self._sasl_users = dict(sasl_users or {})
         self.sasl_port: int | None = None
         self._requested_port = port
@@ -333,52 +202,19 @@ class EmbeddedKafka:
         home = self._home
         data = home / "data"
         data.mkdir(parents=True, exist_ok=True)
-        client_listeners = [f"PLAINTEXT://{LOOPBACK}:{port}"]
-        if self._sasl_users:
-            if self.sasl_port is None:
-                self.sasl_port = free_loopback_port()
-            client_listeners.append(f"SASL_PLAINTEXT://{LOOPBACK}:{self.sasl_port}")
-        config = {
-            **_BROKER_CONFIG,
-            # A static voter set: the controller's port may change between
-            # starts on the same data (only the client port is kept).
-            "controller.quorum.voters": f"{NODE_ID}@{LOOPBACK}:{controller_port}",
-            "listeners": ",".join(
-                [*client_listeners, f"CONTROLLER://{LOOPBACK}:{controller_port}"]
-            ),
-            "advertised.listeners": ",".join(client_listeners),
-            "log.dirs": str(data),
-            **self._sasl_config(),
-        }
-        lines = [f"{key}={value}" for key, value in config.items()]
-        (home / "server.properties").write_text("\n".join(lines) + "\n")
-        (home / "log4j2.properties").write_text(_LOG4J_CONFIG)
-        return home
-
-    def _sasl_config(self) -> dict[str, str]:
-        """The SASL_PLAINTEXT listener's settings: PLAIN checks the users
-        listed in its JAAS text, SCRAM the credentials stored at format."""
-        if not self._sasl_users:
-            return {}
-        users = " ".join(
-            f'user_{name}="{password}"' for name, password in self._sasl_users.items()
-        )
-        listener = "listener.name.sasl_plaintext"
-        config = {
-            "listener.security.protocol.map": (
-                "PLAINTEXT:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT,CONTROLLER:PLAINTEXT"
-            ),
-            "sasl.enabled.mechanisms": ",".join(SASL_LISTENER_MECHANISMS),
-            f"{listener}.plain.sasl.jaas.config": (
-                "org.apache.kafka.common.security.plain.PlainLoginModule "
-                f"required {users};"
-            ),
-        }
-        for mechanism in SASL_LISTENER_MECHANISMS[1:]:
-            config[f"{listener}.{mechanism.lower()}.sasl.jaas.config"] = (
-                "org.apache.kafka.common.security.scram.ScramLoginModule required;"
+        if self._sasl_users and self.sasl_port is None:
+            self.sasl_port = free_loopback_port()
+        (home / "server.properties").write_text(
+            server_properties(
+                port=port,
+                controller_port=controller_port,
+                sasl_port=self.sasl_port,
+                data=data,
+                sasl_users=self._sasl_users,
             )
-        return config
+        )
+        (home / "log4j2.properties").write_text(log4j_properties())
+        return home
 
     def _java_command(self, main: str, *args: str) -> list[str]:
         assert self._home is not None
@@ -401,15 +237,6 @@ class EmbeddedKafka:
         """Format ``home/data`` for KRaft unless an earlier start did."""
         if (home / "data" / "meta.properties").exists():
             return
-        scram = [
-            argument
-            for mechanism in SASL_LISTENER_MECHANISMS[1:]
-            for name, password in self._sasl_users.items()
-            for argument in (
-                "--add-scram",
-                f"{mechanism}=[name={name},password={password}]",
-            )
-        ]
         command = self._java_command(
             "kafka.tools.StorageTool",
             "format",
@@ -417,7 +244,7 @@ class EmbeddedKafka:
             random_cluster_id(),
             "--config",
             str(home / "server.properties"),
-            *scram,
+            *scram_arguments(self._sasl_users),
         )
         done = subprocess.run(
             command, capture_output=True, text=True, stdin=subprocess.DEVNULL
@@ -450,7 +277,7 @@ class EmbeddedKafka:
             # Own session: a Ctrl-C in the terminal reaches us, and we stop
             # the broker in order rather than racing it.
             start_new_session=True,
-            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+            preexec_fn=die_with_parent if sys.platform == "linux" else None,
         )
         self.port = port
         try:
@@ -471,7 +298,7 @@ class EmbeddedKafka:
                 )
             # A TCP accept alone proves nothing: another process may own the
             # port. A Kafka ApiVersions round trip proves the broker is up.
-            if _answers_api_versions(port) and self._process.poll() is None:
+            if answers_api_versions(port) and self._process.poll() is None:
                 return
             if time.monotonic() > deadline:
                 raise BrokerStartError(

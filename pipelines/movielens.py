@@ -37,7 +37,8 @@ def build_parser() -> CommandParser:
 
 
 def _convert(args: argparse.Namespace) -> int:
-    from pipelines.sources.movielens import LayoutError, run
+    from pipelines.sources.movielens import run
+    from pipelines.sources.movielens_files import LayoutError
 
     started = time.perf_counter()
     try:

@@ -17,40 +17,31 @@ from apache_beam.testing.util import assert_that, equal_to
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from features.arrow_ipc import ipc_to_table, table_to_ipc
 from features.dimensions import AD_SCHEMA, CONTENT_SCHEMA, USER_SCHEMA
 from features.events import encode_event_table, events_from_records
 from features.memory import reuse_freed_memory
-from pipelines.batch.arrow import (
-    ArrowTableCoder,
-    AsOfIndex,
-    asof_index,
-    asof_rows,
-    count_in_windows,
-    ipc_to_table,
-    table_to_ipc,
-)
+from pipelines.batch.arrow import ArrowTableCoder
 from pipelines.batch.counters import EXAMPLE_COUNTERS, FEATURE_ROWS, CountEngagement
 from pipelines.batch.examples import BuildExamples
 from pipelines.batch.parallel import PooledDoFn
-from pipelines.batch.timelines import (
-    BuildTimelines,
-    DedupeEvents,
+from pipelines.batch.timelines import BuildTimelines, DedupeEvents
+from pipelines.batch.tuning import WorkerTuning
+from pipelines.batch.validate import RawEvents, ValidateEvents, ValidateEventsFn
+from pipelines.core.asof import AsOfIndex, asof_index, asof_rows
+from pipelines.core.ordering import first_of_each, int_order, timeline_order
+from pipelines.core.output_files import (
+    BackgroundWrites,
+    parquet_options,
+    write_parquet_bytes,
+)
+from pipelines.core.timelines import (
     build_timelines,
     dedupe_events,
     user_sequence_parts,
     user_sequences,
 )
-from pipelines.batch.tuning import WorkerTuning
-from pipelines.batch.validate import RawEvents, ValidateEvents, ValidateEventsFn
-from pipelines.core.kernels import (
-    BackgroundWrites,
-    WindowCounter,
-    first_of_each,
-    int_order,
-    parquet_options,
-    timeline_order,
-    write_parquet_bytes,
-)
+from pipelines.core.window_counter import WindowCounter, count_in_windows
 
 T0 = 1_790_000_000_000  # 2026-09-21
 NOW = T0 + 30 * 86_400_000

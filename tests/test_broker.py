@@ -19,12 +19,8 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.structs import OffsetAndMetadata
 
 from features.kafka import KafkaSettings, topic_records
-from launchers.kafka_broker import (
-    LOOPBACK,
-    BrokerStartError,
-    EmbeddedKafka,
-    kafka_cluster,
-)
+from launchers.kafka_broker import EmbeddedKafka, kafka_cluster
+from launchers.kafka_host import LOOPBACK, BrokerStartError
 
 pytestmark = pytest.mark.integration
 

@@ -38,14 +38,15 @@ from features.events import EVENT_SCHEMA
 from features.examples import TIMELINE_SCHEMA, training_example_schema
 from features.feature_tables import COUNT_NAMES
 from pipelines import build
-from pipelines.batch.arrow import shard_of
-from pipelines.core.kernels import (
+from pipelines.core.counters import ENTITY_KINDS
+from pipelines.core.event_copies import (
     copy_winners,
     drop_losing_copies,
     id_projection,
     winning_copies,
 )
 from pipelines.core.reference import ReferenceOutput, build_reference, read_input
+from pipelines.core.shards import shard_of
 from pipelines.sources.synthetic import (
     GeneratorConfig,
     generate_dataset,
@@ -56,12 +57,11 @@ from pipelines.streaming.entity_state import answer_entity_shard, route_entity_r
 from pipelines.streaming.event_ids import forget_ids, notices_for, winners_table
 from pipelines.streaming.tables import (
     DROPPED_SCHEMA,
-    ENTITY_KINDS,
     STREAM_EVENT_SCHEMA,
     answer_schema,
     state_bytes,
 )
-from pipelines.streaming.user_state import Dimensions, release_user_shard
+from pipelines.streaming.user_release import Dimensions, release_user_shard
 
 CONFIG = GeneratorConfig(users=40, ads=10, days=2, seed=7)
 NOW = validation_now_ms(CONFIG)

@@ -21,7 +21,9 @@ import pytest
 from feast import FeatureStore
 
 from features.feature_tables import FEATURE_TABLES
+from pipelines.feast import command as feast_command
 from pipelines.feast import ops as feast_ops
+from pipelines.feast import retrieval as feast_retrieval
 
 ROOT = Path(__file__).resolve().parents[1]
 FEAST = Path(sys.executable).with_name("feast")
@@ -95,7 +97,7 @@ def test_feast_cli_applies_and_materializes_a_fresh_clone(tmp_path: Path) -> Non
 
 
 def test_feast_ops_help_names_the_default_state_and_sources() -> None:
-    text = feast_ops.build_parser().format_help()
+    text = feast_command.build_parser().format_help()
     assert "feature_repo/data/" in text
     assert "$GEM_FEATURES_DIR" in text
 
@@ -103,7 +105,7 @@ def test_feast_ops_help_names_the_default_state_and_sources() -> None:
 def test_feast_ops_reads_the_contracts_time_column() -> None:
     from features import feature_tables
 
-    assert feast_ops.EVENT_TIMESTAMP == feature_tables.EVENT_TIMESTAMP
+    assert feast_retrieval.EVENT_TIMESTAMP == feature_tables.EVENT_TIMESTAMP
 
 
 def run_feast_ops(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:

@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipelines.feast import engine as feast_engine
+from pipelines.feast import window_rows
 
 RNG = np.random.default_rng(7)
 BASE_MS = 1_790_000_000_000
@@ -70,11 +71,11 @@ def test_window_rows_are_each_entitys_latest(
     write_table(path, users, ms)
     parquet = pq.ParquetFile(path)
     for start, end in [(0, 4_000_000_000_000), (BASE_MS + 10_000, BASE_MS + 30_000)]:
-        keep = feast_engine.latest_rows(
+        keep = window_rows.latest_rows(
             parquet, "user_id", *window(start, end), "event_timestamp"
         )
         batches = list(
-            feast_engine.window_batches(
+            window_rows.window_batches(
                 parquet, ["user_id", "row", "seq"], keep, rows_per_batch
             )
         )
@@ -92,21 +93,21 @@ def test_an_empty_window_yields_nothing(tmp_path: Path) -> None:
     path = tmp_path / "t.parquet"
     write_table(path, np.arange(10), BASE_MS + np.arange(10))
     parquet = pq.ParquetFile(path)
-    keep = feast_engine.latest_rows(
+    keep = window_rows.latest_rows(
         parquet, "user_id", *window(0, BASE_MS - 1), "event_timestamp"
     )
     assert not keep.any()
-    assert list(feast_engine.window_batches(parquet, ["row"], keep, 4)) == []
+    assert list(window_rows.window_batches(parquet, ["row"], keep, 4)) == []
 
 
 def test_batches_hold_about_the_target_bytes(tmp_path: Path) -> None:
     path = tmp_path / "t.parquet"
     write_table(path, np.arange(1000), BASE_MS + np.arange(1000))
     parquet = pq.ParquetFile(path)
-    wide = feast_engine.batch_rows(parquet, ["user_id", "seq"], 20_000, 4096)
-    narrow = feast_engine.batch_rows(parquet, ["user_id"], 20_000, 4096)
+    wide = window_rows.batch_rows(parquet, ["user_id", "seq"], 20_000, 4096)
+    narrow = window_rows.batch_rows(parquet, ["user_id"], 20_000, 4096)
     assert 64 <= wide < narrow <= 20_000
-    assert feast_engine.batch_rows(parquet, ["user_id"], 100, 1 << 30) == 100
+    assert window_rows.batch_rows(parquet, ["user_id"], 100, 1 << 30) == 100
 
 
 def test_prefetch_keeps_order_and_hands_errors_to_the_consumer() -> None:
@@ -141,11 +142,3 @@ def test_prefetch_stops_its_producer_when_the_consumer_stops() -> None:
     stream.close()
     assert stopped.wait(5)
     assert len(produced) <= 3 + 2 + 1  # at most `depth` (and one in hand) ahead
-
-
-def test_freed_heap_is_kept_only_inside() -> None:
-    with feast_engine.reuse_freed_heap(64 << 20):
-        data = [np.ones(1 << 20) for _ in range(8)]
-        del data
-    with feast_engine.reuse_freed_heap(0):  # off: nothing to do
-        pass

@@ -26,6 +26,7 @@ from feast import FeatureStore, RepoConfig
 from feast.value_type import ValueType
 
 from features.feature_tables import FEATURE_TABLES
+from pipelines.feast import command as feast_command
 from pipelines.feast import ops as feast_ops
 from pipelines.feast import sqlite as feast_sqlite
 from tests.test_feast_store import (
@@ -217,8 +218,8 @@ def test_prod_configuration_end_to_end(
     base = ["--features-dir", str(job.directory), "--project", project]
     store = FeatureStore(config=feast_ops.repo_config(project=project))
     try:
-        assert feast_ops.main([*base, "apply"]) == 0
-        assert feast_ops.main([*base, "materialize"]) == 0
+        assert feast_command.main([*base, "apply"]) == 0
+        assert feast_command.main([*base, "materialize"]) == 0
         assert store.config.online_store.type == "redis"  # Feast's own store
         assert store.config.registry.registry_type == "sql"
         assert store.config.registry.path == pg_registry_url
@@ -296,7 +297,7 @@ def test_redis_writes_stay_atomic_when_a_concurrent_write_lands(
     aborts the transaction; the chunk is then checked and written again in
     one script, so the newer pushed row survives and the rest are written."""
     from pipelines.feast import encode as feast_encode
-    from pipelines.feast import engine as feast_engine
+    from pipelines.feast import redis_writer
 
     store = redis_store(tmp_path, project)
     try:
@@ -312,14 +313,14 @@ def test_redis_writes_stay_atomic_when_a_concurrent_write_lands(
                 {"user_id": ValueType.INT64},
                 "event_timestamp",
             )
-            return feast_engine.redis_commands(store.config, view, rows)
+            return redis_writer.redis_commands(store.config, view, rows)
 
         base = 1_790_000_000_000
-        first = feast_engine.RedisWriter(online, store.config)
+        first = redis_writer.RedisWriter(online, store.config)
         first.write(commands(users, base, 1))
         assert first.finish() == len(users)
 
-        class Interrupted(feast_engine.RedisWriter):
+        class Interrupted(redis_writer.RedisWriter):
             """Another client writes a newer row for one of the keys right
             after the check, before the transaction goes out."""
 
@@ -329,7 +330,7 @@ def test_redis_writes_stay_atomic_when_a_concurrent_write_lands(
                 fresh = super()._read_check(*args)
                 if not self.pushed:
                     self.pushed = True
-                    push = feast_engine.RedisWriter(online, store.config)
+                    push = redis_writer.RedisWriter(online, store.config)
                     push.write(commands([users[3]], base + 2000, 3))
                     assert push.finish() == 1
                 return fresh
@@ -344,7 +345,7 @@ def test_redis_writes_stay_atomic_when_a_concurrent_write_lands(
         ).to_dict()["user_gender"]
         assert got == [3 if u == users[3] else 2 for u in users]
         # An older window changes nothing.
-        older = feast_engine.RedisWriter(online, store.config)
+        older = redis_writer.RedisWriter(online, store.config)
         older.write(commands(users, base, 9))
         assert older.finish() == 0
     finally:

@@ -29,7 +29,9 @@ from feast.infra.online_stores.sqlite import SqliteOnlineStoreConfig
 from features import vocab
 from features.feature_tables import EVENT_TIMESTAMP, FEATURE_TABLES
 from pipelines.core.reference import ReferenceOutput, build_reference, write_output
+from pipelines.feast import command as feast_command
 from pipelines.feast import ops as feast_ops
+from pipelines.feast import retrieval as feast_retrieval
 from pipelines.feast import sqlite as feast_sqlite
 from pipelines.sources.synthetic import GeneratorConfig, generate, validation_now_ms
 from pipelines.sources.synthetic.world import ads_table, contents_table, users_table
@@ -235,7 +237,7 @@ def test_historical_features_are_point_in_time_correct(
     store: FeatureStore, job: FeatureJob
 ) -> None:
     requests = requests_around(job, 60)
-    result = feast_ops.historical_features(
+    result = feast_retrieval.historical_features(
         store,
         requests,
         store.get_feature_service("gem_ranking_v1"),
@@ -251,7 +253,7 @@ def test_historical_features_are_point_in_time_correct(
 
 
 def test_feast_alone_loses_request_rows(store: FeatureStore, job: FeatureJob) -> None:
-    """Why :func:`feast_ops.historical_features` exists (Feast 0.67, Dask store).
+    """Why :func:`feast_retrieval.historical_features` exists (Feast 0.67, Dask store).
 
     If this starts failing, Feast fixed it and the per-view workaround can go.
     """
@@ -291,7 +293,7 @@ def test_backfilled_rows_do_not_leak_into_earlier_times(
         "user_counters:user_click_count_7d",
         "user_counters:user_impression_count_1h",
     ]
-    before = feast_ops.historical_features(
+    before = feast_retrieval.historical_features(
         store, requests, refs, full_feature_names=True
     )
 
@@ -310,7 +312,7 @@ def test_backfilled_rows_do_not_leak_into_earlier_times(
         pa.concat_tables([counters, late]),
         directory / "feature_tables" / "user_counters.parquet",
     )
-    after = feast_ops.historical_features(
+    after = feast_retrieval.historical_features(
         store, requests, refs, full_feature_names=True
     )
 
@@ -332,7 +334,7 @@ def test_training_examples_equal_historical_features(
     (features.feature_tables), so counters must be equal bit for bit. Profile
     ids equal the examples' as-of join, where "no version yet" is Feast's null
     and the examples' missing id 0, except for the ids an example takes from
-    its impression event (``feast_ops.FROM_THE_EVENT``): those equal the profile's
+    its impression event (``feast_retrieval.FROM_THE_EVENT``): those equal the profile's
     wherever the ad has a version by then, and are the event's where it has
     none (the profile is null there; only invalid data serves an ad before its
     catalog row exists, which this world does on purpose).
@@ -350,7 +352,7 @@ def test_training_examples_equal_historical_features(
     requests = examples[["example_id", "user_id", "ad_id", "advertiser_id"]].assign(
         **{EVENT_TIMESTAMP: examples["event_time"]}
     )
-    served = feast_ops.historical_features(
+    served = feast_retrieval.historical_features(
         store,
         requests,
         store.get_feature_service("vertical_ranking_v1"),
@@ -365,7 +367,7 @@ def test_training_examples_equal_historical_features(
             want = examples[name].to_numpy()
             if view.endswith("_counters"):
                 same = got.to_numpy(dtype=np.float32) == want
-            elif name in feast_ops.FROM_THE_EVENT:
+            elif name in feast_retrieval.FROM_THE_EVENT:
                 same = no_ad_version | (got.fillna(-1).to_numpy() == want)
             else:
                 same = got.fillna(0).to_numpy(dtype=np.int64) == want
@@ -376,7 +378,7 @@ def test_training_examples_equal_historical_features(
         if not (got == examples[name].to_numpy()).all():
             mismatches[f"advertiser_counters.{name}"] = -1
     assert mismatches == {}
-    assert feast_ops.example_mismatches(store, examples) == {}
+    assert feast_retrieval.example_mismatches(store, examples) == {}
     # The sample covers both kinds of "no version yet".
     assert served["user_profile__user_device"].isna().any()
     assert no_ad_version.any()
@@ -678,7 +680,7 @@ def test_bad_feature_tables_fail_apply_and_materialize_naming_view_and_column(
         feast_ops.materialize(store)
     # The CLI says the same on one line and exits 2.
     capsys.readouterr()  # what Feast logged so far
-    assert feast_ops.main(["--features-dir", str(directory), "validate"]) == 2
+    assert feast_command.main(["--features-dir", str(directory), "validate"]) == 2
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert "feature view 'user_counters'" in line
     assert message in line

@@ -559,11 +559,9 @@ def _stream_read(
     from apache_beam.transforms.window import TimestampedValue
     from kafka import KafkaConsumer, TopicPartition
 
-    from pipelines.streaming.kafka_source import (
-        DEAD_LETTERS,
-        EVENTS,
+    from pipelines.streaming.kafka_source import DEAD_LETTERS, EVENTS, ReadTopicFn
+    from pipelines.streaming.topic_positions import (
         PartitionWatermarks,
-        ReadTopicFn,
         TopicPositions,
         TopicPositionsTracker,
     )

@@ -32,12 +32,8 @@ from features.events import (
 )
 from pipelines.movielens import main
 from pipelines.sources import movielens
-from pipelines.sources.movielens import (
-    LayoutError,
-    assign_domains,
-    detect_layout,
-    run,
-)
+from pipelines.sources.movielens import assign_domains, run
+from pipelines.sources.movielens_files import GENRES, LayoutError, detect_layout
 
 SHARED_DATA = Path(
     os.environ.get("GEM_SHARED_DATA")
@@ -288,7 +284,7 @@ def _ts(text: str) -> int:
 
 def _genre_flags(*names: str) -> str:
     """The 19 u.item genre flags for the named genres."""
-    return "|".join("1" if g in names else "0" for g in movielens.GENRES)
+    return "|".join("1" if g in names else "0" for g in GENRES)
 
 
 @pytest.fixture

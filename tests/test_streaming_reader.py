@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipelines.streaming.kafka_source import (
+from pipelines.streaming.topic_positions import (
     END,
     PartitionWatermarks,
     TopicPositions,

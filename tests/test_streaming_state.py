@@ -14,6 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from pipelines.core.counters import ENTITY_KINDS
 from pipelines.core.reference import build_reference, read_input
 from pipelines.sources.synthetic import (
     GeneratorConfig,
@@ -24,11 +25,10 @@ from pipelines.streaming.config import DAY_MS, StreamConfig
 from pipelines.streaming.entity_state import answer_entity_shard, entity_rows
 from pipelines.streaming.tables import (
     DROPPED_SCHEMA,
-    ENTITY_KINDS,
     STREAM_EVENT_SCHEMA,
     answer_schema,
 )
-from pipelines.streaming.user_state import Dimensions, release_user_shard
+from pipelines.streaming.user_release import Dimensions, release_user_shard
 
 CONFIG = GeneratorConfig(users=12, ads=6, days=12, seed=4)
 STREAM = StreamConfig(

@@ -27,16 +27,14 @@ produces:
   user shard; ad / advertiser counters through a second keyed aggregation);
 - :mod:`~pipelines.batch.examples`: ``BuildExamples``, ``BuildProfiles``;
 - :mod:`~pipelines.batch.kafka_io`: ``ReadKafkaEvents``, ``PublishExamples``;
-- :mod:`~pipelines.batch.arrow`: the Arrow IPC coder, sharding and the
-  as-of lookup;
-- :mod:`~pipelines.core.kernels`: vectorized kernels shared with
-  ``pipelines.core.reference`` (no Beam import): timeline order, first copy of
-  each id, windowed counts, Parquet settings and background writes;
+- :mod:`~pipelines.batch.arrow`: the Arrow IPC coder and the shuffles'
+  element types;
 - :mod:`~pipelines.batch.parallel`: ``PooledDoFn``, the base of the DoFns
   whose per-shard work runs on a worker thread.
 
-Elements are Arrow tables keyed by shard, processed whole with numpy /
-pyarrow; every shuffle carries Arrow IPC bytes. The kernels release the GIL,
+Elements are Arrow tables keyed by shard, processed whole by the numpy /
+pyarrow kernels of :mod:`pipelines.core`; every shuffle carries Arrow IPC
+bytes. The kernels release the GIL,
 so a worker uses a second core: where the job runs in one local process the
 heavy per-shard DoFns compute on a thread pool (``PooledDoFn``), and output
 files are written on a writer thread, both finished within the bundle.

@@ -3,9 +3,9 @@ Flink, Spark, Dataflow... flags) for a command line that must not import Beam.
 
 A Beam job's ``--help`` should list Beam's options, and a misspelled one
 should be an error naming the closest; but importing Beam's options module
-loads all of ``apache_beam`` (about 2 s on 2 cores), too slow for ``--help``
-or a typo. So the table of Beam's options (flag, destination, kind, default,
-choices, help) is read once from Beam, in a child interpreter, and cached as
+loads all of ``apache_beam``, too slow for ``--help`` or a typo. So the
+table of Beam's options (flag, destination, kind, default, choices, help) is
+read once from Beam, in a child interpreter, and cached as
 JSON keyed by the installed ``apache-beam`` version (read cheaply from the
 package metadata): a new Beam version rebuilds it on first need, a corrupt
 or unwritable cache only costs the rebuild. :func:`beam_options` called once

@@ -35,30 +35,24 @@ import pyarrow.compute as pc
 from apache_beam import pvalue
 
 from features import vocab
-from features.feature_tables import FEATURE_TABLES, counter_names
-from features.registry import COUNTER_ACTIONS, COUNTER_WINDOWS
-from pipelines.batch.arrow import (
-    IntArray,
-    ShardedIpc,
-    ShardedTable,
-    TaggedIpc,
-    concat,
-    ipc_to_table,
-    shard_of,
-    split_by_shard,
-    table_to_ipc,
-    to_int64,
-)
+from features.arrow_ipc import ipc_to_table, table_to_ipc
+from features.registry import COUNTER_ACTIONS
+from pipelines.batch.arrow import ShardedIpc, ShardedTable, TaggedIpc
 from pipelines.batch.parallel import PooledDoFn
 from pipelines.batch.tuning import pipeline_tuning
-from pipelines.core.kernels import WindowCounter
+from pipelines.core.columns import IntArray, concat, to_int64
+from pipelines.core.counters import (
+    ENTITY_KINDS,
+    counter_action_codes,
+    counter_rows,
+    named_counts,
+    window_counter,
+)
+from pipelines.core.shards import shard_of, split_by_shard
 
-ENTITY_KINDS: Final = ("ad", "advertiser")
 EXAMPLE_COUNTERS = "example_counters"
 _AD_EVENT_COLUMNS: Final = ["user_id", "ad_id", "advertiser_id", "event_time", "action"]
 FEATURE_ROWS = "feature_rows"
-_UNIT_MS: Final = {"h": 3_600_000, "d": 86_400_000}
-WINDOWS_MS: Final = tuple(int(w[:-1]) * _UNIT_MS[w[-1]] for w in COUNTER_WINDOWS)
 
 # What travels to an entity shard: ad events (action 1..3); impressions are
 # also the queries (ordinal >= 0: their rank among the user shard's
@@ -87,72 +81,6 @@ def entity_shard_count(user_shards: int) -> int:
 
 ExampleCounters = tuple[int, TaggedIpc]
 """``(user shard, (entity kind, IPC of ordinal + that kind's 9 counters))``."""
-
-
-def impression_mask(events: pa.Table) -> IntArray:
-    """Boolean mask of the impressions among a shard's events."""
-    return np.asarray(pc.equal(events.column("action"), "impression"))
-
-
-def entity_counters(
-    entity: str,
-    event_ids: IntArray,
-    event_times: IntArray,
-    event_actions: IntArray,
-    query_ids: IntArray,
-    query_times: IntArray,
-) -> dict[str, Any]:
-    """The 9 counters of ``entity`` for each query, as float32 arrays by name.
-
-    Args:
-        entity: ``user``, ``ad`` or ``advertiser`` (names the columns).
-        event_ids: entity id of each distinct ad event.
-        event_times: its time (epoch ms).
-        event_actions: 1-based index into COUNTER_ACTIONS.
-        query_ids: entity of each query.
-        query_times: query time ``t``; counted: ``[t - window, t)``.
-    """
-    counter = _window_counter(event_ids, event_times, event_actions)
-    return _named(entity, counter.count(query_ids, query_times))
-
-
-def _window_counter(
-    event_ids: IntArray, event_times: IntArray, event_actions: IntArray
-) -> WindowCounter:
-    return WindowCounter(
-        event_ids, event_times, event_actions, len(COUNTER_ACTIONS), WINDOWS_MS
-    )
-
-
-def _named(entity: str, counts: list[list[IntArray]]) -> dict[str, Any]:
-    """``counts[action][window]`` as float32 columns named by counter_names."""
-    names = iter(counter_names(entity))
-    return {
-        next(names): count.astype(np.float32)
-        for per_action in counts
-        for count in per_action
-    }
-
-
-def counter_rows(
-    entity: str, event_ids: IntArray, event_times: IntArray, event_actions: IntArray
-) -> pa.Table:
-    """The ``{entity}_counters`` feature rows: one per distinct (entity, event time)."""
-    return _counter_rows(entity, _window_counter(event_ids, event_times, event_actions))
-
-
-def _counter_rows(entity: str, counter: WindowCounter) -> pa.Table:
-    """Feature rows at the counter's distinct keys, in (entity, time) order."""
-    spec = FEATURE_TABLES[f"{entity}_counters"]
-    ids, times = counter.point_entities()
-    columns: dict[str, Any] = {
-        spec.entity: pa.array(ids, pa.int64()),
-        "event_timestamp": pa.array(times, pa.int64()).cast(
-            spec.schema.field("event_timestamp").type
-        ),
-    }
-    columns.update(_named(entity, counter.count_at_points()))
-    return pa.Table.from_pydict(columns, schema=spec.schema)
 
 
 def _counter_table(ordinals: IntArray, counters: dict[str, Any]) -> pa.Table:
@@ -184,7 +112,7 @@ class CountUserShardFn(PooledDoFn):
             pc.is_in(events.column("action"), value_set=pa.array(vocab.AD_ACTIONS))
         )
         ads = events.select(_AD_EVENT_COLUMNS).filter(pa.array(is_ad))
-        actions = _action_codes(ads)
+        actions = counter_action_codes(ads.column("action"))
         times = to_int64(ads.column("event_time"))
         user_ids = to_int64(ads.column("user_id"))
         # Impressions are both events and queries: the ad-event rows of
@@ -194,15 +122,15 @@ class CountUserShardFn(PooledDoFn):
         ad_ordinals = np.where(is_impression, np.cumsum(is_impression) - 1, -1)
         ordinals = ad_ordinals[is_impression]
 
-        counter = _window_counter(user_ids, times, actions)
-        counters = _named(
+        counter = window_counter(user_ids, times, actions)
+        counters = named_counts(
             "user", counter.count(user_ids[is_impression], times[is_impression])
         )
         yield pvalue.TaggedOutput(
             EXAMPLE_COUNTERS,
             (shard, ("user", table_to_ipc(_counter_table(ordinals, counters)))),
         )
-        rows = _counter_rows("user", counter)
+        rows = counter_rows("user", counter)
         yield pvalue.TaggedOutput(FEATURE_ROWS, ("user_counters", table_to_ipc(rows)))
 
         entity_shards = entity_shard_count(self._shards)
@@ -220,12 +148,6 @@ class CountUserShardFn(PooledDoFn):
             targets = shard_of(to_int64(rows.column("entity_id")), entity_shards)
             for target, part in split_by_shard(rows, targets):
                 yield kind_index * entity_shards + target, table_to_ipc(part)
-
-
-def _action_codes(ad_events: pa.Table) -> IntArray:
-    """1-based index of each ad event's action in COUNTER_ACTIONS."""
-    index = pc.index_in(ad_events.column("action"), value_set=pa.array(COUNTER_ACTIONS))
-    return to_int64(index, -1) + 1
 
 
 class CountEntityShardFn(PooledDoFn):
@@ -256,15 +178,15 @@ class CountEntityShardFn(PooledDoFn):
         times = to_int64(rows.column("time_ms"))
         actions = to_int64(rows.column("action"))
         ordinals = to_int64(rows.column("ordinal"))
-        counter = _window_counter(ids, times, actions)
+        counter = window_counter(ids, times, actions)
         outputs: list[Any] = [
             pvalue.TaggedOutput(
                 FEATURE_ROWS,
-                (f"{kind}_counters", table_to_ipc(_counter_rows(kind, counter))),
+                (f"{kind}_counters", table_to_ipc(counter_rows(kind, counter))),
             )
         ]
         query = ordinals >= 0
-        counters = _named(kind, counter.count(ids[query], times[query]))
+        counters = named_counts(kind, counter.count(ids[query], times[query]))
         answers = _counter_table(ordinals[query], counters)
         user_shards = to_int64(rows.column("user_shard"))[query]
         for user_shard, part in split_by_shard(answers, user_shards):

@@ -32,20 +32,15 @@ from apache_beam import pvalue
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
+from features.arrow_ipc import ipc_to_table, table_to_ipc
 from features.dimensions import AD_SCHEMA, CONTENT_SCHEMA, USER_SCHEMA
 from features.events import EVENT_COLUMNS, EVENT_SCHEMA
 from features.examples import TIMELINE_SCHEMA, training_example_schema
 from features.feature_tables import FEATURE_TABLES
-from pipelines.batch.arrow import (
-    ShardedTable,
-    TaggedIpc,
-    concat,
-    ipc_to_table,
-    table_to_ipc,
-    to_int64,
-)
+from pipelines.batch.arrow import ShardedTable, TaggedIpc
 from pipelines.batch.tuning import TunedDoFn, pipeline_tuning
 from pipelines.batch.validate import METRICS_NAMESPACE, RawEvents
+from pipelines.core.columns import concat, to_int64
 from pipelines.core.event_files import (
     EVENT_SUFFIXES,
     PARQUET_BATCH_ROWS,
@@ -53,12 +48,11 @@ from pipelines.core.event_files import (
     jsonl_payloads,
     row_payloads,
 )
-from pipelines.core.kernels import (
+from pipelines.core.ordering import int_order, timeline_order
+from pipelines.core.output_files import (
     PLAIN_COLUMNS,
     BackgroundWrites,
-    int_order,
     parquet_options,
-    timeline_order,
     write_parquet_bytes,
 )
 
@@ -355,7 +349,7 @@ class ParquetFileWriter:
 
 class BackgroundWriteFn(TunedDoFn):
     """Base of the DoFns that write files: writes run on a thread of the
-    worker (:class:`~pipelines.core.kernels.BackgroundWrites`) while the
+    worker (:class:`~pipelines.core.output_files.BackgroundWrites`) while the
     bundle goes on, and are complete when the bundle finishes (a retried
     bundle rewrites the same paths)."""
 

@@ -31,7 +31,6 @@ from typing import Any
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
-from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from features.events import now_ms
@@ -42,7 +41,7 @@ from pipelines.batch.counters import EXAMPLE_COUNTERS, FEATURE_ROWS, CountEngage
 from pipelines.batch.examples import BuildExamples, BuildProfiles
 from pipelines.batch.options import GemBuildOptions, kafka_settings
 from pipelines.batch.progress import follow
-from pipelines.batch.runner import prepare_runner, runner_that_ran
+from pipelines.batch.runner import job_counters, prepare_runner, runner_that_ran
 from pipelines.batch.timelines import BuildTimelines, DedupeEvents, WriteUserSequences
 from pipelines.batch.tuning import pipeline_tuning
 from pipelines.batch.validate import METRICS_NAMESPACE, ValidateEvents
@@ -77,7 +76,6 @@ def run_batch(pipeline_options: PipelineOptions) -> dict[str, Any]:
     # same rule as pipelines.core.reference (flag, else the generator manifest's
     # validation_now_ms, else the wall clock), so both see the same events.
     now = _validation_clock(options.input, options.now_ms)
-    shards = options.shards
     started = time.monotonic()
 
     prepare_runner(pipeline_options)
@@ -86,6 +84,40 @@ def run_batch(pipeline_options: PipelineOptions) -> dict[str, Any]:
     # embedded worker does); workers elsewhere apply it in DoFn.setup.
     if pipeline_tuning(pipeline).tune_allocator:
         reuse_freed_memory()
+    _add_stages(pipeline, options, files, output, now)
+    result = pipeline.run()
+    follow(result, len(files))
+    result.wait_until_finish()
+    found = job_counters(result, METRICS_NAMESPACE)
+    summary: dict[str, Any] = {
+        # Exactly the contract's counts (OUTPUT_LAYOUT), which add up.
+        "counts": {name: found.get(name, 0) for name in COUNT_NAMES},
+        "now_ms": now,
+        "layout_version": LAYOUT_VERSION,
+        "runner": runner_that_ran(pipeline_options, result),
+        "seconds": round(time.monotonic() - started, 3),
+    }
+    if options.examples_topic:
+        summary["published"] = {
+            "topic": options.examples_topic,
+            "messages": found.get("messages_published", 0),
+            "examples": found.get("examples_published", 0),
+        }
+    with FileSystems.create(FileSystems.join(output, SUMMARY)) as handle:
+        handle.write((json.dumps(summary, indent=2) + "\n").encode())
+    return summary
+
+
+def _add_stages(
+    pipeline: beam.Pipeline,
+    options: GemBuildOptions,
+    files: list[str],
+    output: str,
+    now: int,
+) -> None:
+    """The job's stages (see the module docstring), reading ``files`` (and
+    ``--events-topic``) and writing under ``output``."""
+    shards = options.shards
     dimensions = pipeline | "ReadDimensions" >> io.ReadDimensions(options.input)
     users, ads, contents = dimensions.users, dimensions.ads, dimensions.contents
 
@@ -137,28 +169,6 @@ def run_batch(pipeline_options: PipelineOptions) -> dict[str, Any]:
             examples_per_message=options.examples_per_message,
         )
 
-    result = pipeline.run()
-    follow(result, len(files))
-    result.wait_until_finish()
-    found = _counters(result)
-    summary: dict[str, Any] = {
-        # Exactly the contract's counts (OUTPUT_LAYOUT), which add up.
-        "counts": {name: found.get(name, 0) for name in COUNT_NAMES},
-        "now_ms": now,
-        "layout_version": LAYOUT_VERSION,
-        "runner": runner_that_ran(pipeline_options, result),
-        "seconds": round(time.monotonic() - started, 3),
-    }
-    if options.examples_topic:
-        summary["published"] = {
-            "topic": options.examples_topic,
-            "messages": found.get("messages_published", 0),
-            "examples": found.get("examples_published", 0),
-        }
-    with FileSystems.create(FileSystems.join(output, SUMMARY)) as handle:
-        handle.write((json.dumps(summary, indent=2) + "\n").encode())
-    return summary
-
 
 def clear_outputs(output: str) -> None:
     """Remove an earlier run's outputs under ``output`` (any Beam filesystem).
@@ -192,13 +202,3 @@ def _validation_clock(input_dir: str, flag: int | None) -> int:
             return int(json.loads(handle.read())["validation_now_ms"])
     except (OSError, ValueError, KeyError, TypeError):
         return now_ms()
-
-
-def _counters(result: Any) -> dict[str, int]:
-    """The job's Beam counters (committed values: retried bundles count once)."""
-    query = result.metrics().query(MetricsFilter().with_namespace(METRICS_NAMESPACE))
-    found: dict[str, int] = {}
-    for counter in query["counters"]:
-        name = counter.key.metric.name
-        found[name] = found.get(name, 0) + int(counter.committed or 0)
-    return found

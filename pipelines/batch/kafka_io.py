@@ -22,12 +22,13 @@ import apache_beam as beam
 import pyarrow as pa
 from apache_beam.metrics import Metrics
 
+from features.arrow_ipc import ipc_to_table, table_to_ipc
 from features.example_messages import encode_example_message, message_headers
 from features.examples import TIMELINE_SCHEMA
 from features.kafka import KafkaSettings
 from features.windows import timeline_segments
-from pipelines.batch.arrow import concat, ipc_to_table, table_to_ipc
 from pipelines.batch.validate import METRICS_NAMESPACE, RawEvents
+from pipelines.core.columns import concat
 
 POLL_MS: Final = 200
 BATCH_MESSAGES: Final = 50_000
@@ -47,9 +48,7 @@ class ListPartitionsFn(beam.DoFn):  # type: ignore[misc]
 
     def process(self, topic: str) -> Iterator[tuple[str, int]]:
         """Ask the cluster for the topic's partitions."""
-        from kafka import KafkaConsumer
-
-        consumer = KafkaConsumer(**self._settings.consumer_config(group_id=None))
+        consumer = self._settings.consumer(group_id=None)
         try:
             partitions = consumer.partitions_for_topic(topic)
         finally:
@@ -69,16 +68,14 @@ class ReadPartitionFn(beam.DoFn):  # type: ignore[misc]
 
     def process(self, element: tuple[str, int]) -> Iterator[RawEvents]:
         """Yield :class:`RawEvents` batches of message values; commit at the end."""
-        from kafka import KafkaConsumer, TopicPartition
+        from kafka import TopicPartition
 
         topic, partition = element
         tp = TopicPartition(topic, partition)
-        consumer = KafkaConsumer(
-            **self._settings.consumer_config(
-                group_id=self._group_id,
-                enable_auto_commit=False,
-                max_partition_fetch_bytes=8 * 1024 * 1024,
-            )
+        consumer = self._settings.consumer(
+            group_id=self._group_id,
+            enable_auto_commit=False,
+            max_partition_fetch_bytes=8 * 1024 * 1024,
         )
         try:
             consumer.assign([tp])
@@ -181,11 +178,7 @@ class PublishShardFn(beam.DoFn):  # type: ignore[misc]
 
     def setup(self) -> None:
         """One producer per DoFn instance (reused across bundles)."""
-        from kafka import KafkaProducer
-
-        self._producer = KafkaProducer(
-            **self._settings.producer_config(**PRODUCER_TUNING)
-        )
+        self._producer = self._settings.producer(**PRODUCER_TUNING)
 
     def process(self, element: tuple[int, Iterable[tuple[str, bytes]]]) -> None:
         """Send the shard's messages, keyed by shard."""

@@ -14,83 +14,45 @@
   feature table file (hourly snapshots, see :mod:`features.feature_tables`),
   cut once from every shard's timelines.
 
-Every step works on a whole shard with numpy / Arrow kernels (the sort and
-dedupe kernels are shared with the reference: :mod:`pipelines.core.kernels`).
+Every step works on a whole shard with the numpy / Arrow kernels of
+:mod:`pipelines.core.timelines` and :mod:`pipelines.core.event_copies`
+(shared with the streaming job and the reference).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import apache_beam as beam
-import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 from apache_beam.metrics import Metrics
 from apache_beam.transforms.window import GlobalWindow
 from apache_beam.utils.timestamp import MIN_TIMESTAMP
 from apache_beam.utils.windowed_value import WindowedValue
 
-from features import vocab
+from features.arrow_ipc import ipc_to_table, table_to_ipc
 from features.events import EVENT_SCHEMA
 from features.examples import TIMELINE_SCHEMA
-from features.feature_tables import FEATURE_TABLES, USER_SEQUENCE_LENGTH
-from features.registry import sequence_item_key
-from features.windows import window_positions
-from pipelines.batch.arrow import (
-    IntArray,
-    ShardedIpc,
-    ShardedTable,
-    asof_index,
-    concat,
-    ipc_to_table,
-    per_table,
-    shard_of,
-    split_by_shard,
-    table_to_ipc,
-    to_int64,
-    vocabulary_codes,
-)
+from features.feature_tables import FEATURE_TABLES
+from pipelines.batch.arrow import ShardedIpc, ShardedTable
 from pipelines.batch.io import BackgroundWriteFn, ParquetFileWriter
 from pipelines.batch.parallel import PooledDoFn
 from pipelines.batch.tuning import pipeline_tuning
 from pipelines.batch.validate import METRICS_NAMESPACE
-from pipelines.core.kernels import (
+from pipelines.core.columns import concat, to_int64
+from pipelines.core.event_copies import (
     ID_PROJECTION_SCHEMA,
-    PLAIN_COLUMNS,
     copy_winners,
     drop_losing_copies,
     id_buckets,
     id_projection,
-    timeline_order,
-    winning_copies,
 )
+from pipelines.core.output_files import PLAIN_COLUMNS
+from pipelines.core.shards import shard_of, split_by_shard
+from pipelines.core.timelines import build_timelines, dedupe_events, user_sequence_parts
 
-HOUR_MS = 3_600_000
 SHARD_BATCH_ROWS = 262_144
-TIMELINE_ORDER = [
-    ("user_id", "ascending"),
-    ("event_time", "ascending"),
-    ("event_id", "ascending"),
-]
-
-
-def dedupe_events(events: pa.Table) -> pa.Table:
-    """Each event_id once, sorted by ``(user_id, event_time, event_id)``.
-
-    The copy kept is the contract's winner among ``events``
-    (:func:`~pipelines.core.kernels.winning_copies`), so the result does not
-    depend on the order batches arrived in.
-    """
-    keep = winning_copies(events)
-    if not keep.all():
-        events = events.filter(pa.array(keep))
-    order = timeline_order(
-        [to_int64(events.column("user_id")), to_int64(events.column("event_time"))],
-        events.column("event_id"),
-    )
-    return events.take(pa.array(order))
 
 
 ID_PROJECTIONS = "id_projections"
@@ -99,7 +61,7 @@ ID_PROJECTIONS = "id_projections"
 
 class ShardEventsFn(beam.DoFn):  # type: ignore[misc]
     """Split batches of valid events by user shard, and their
-    :func:`~pipelines.core.kernels.id_projection` by id bucket (tagged
+    :func:`~pipelines.core.event_copies.id_projection` by id bucket (tagged
     :data:`ID_PROJECTIONS`).
 
     Small batches (many small files, say one per day) are gathered up to
@@ -142,28 +104,19 @@ class ShardEventsFn(beam.DoFn):  # type: ignore[misc]
         ids = id_projection(events)
         buckets = id_buckets(ids.column("event_id"), self._shards)
         for bucket, part in split_by_shard(ids, buckets):
-            yield beam.pvalue.TaggedOutput(ID_PROJECTIONS, (bucket, _plain_ipc(part)))
+            # Uncompressed: ids and times hardly compress, and LZ4 would cost
+            # more in the write and the read than the bytes it saves.
+            piece = table_to_ipc(part, compression=None)
+            yield beam.pvalue.TaggedOutput(ID_PROJECTIONS, (bucket, piece))
 
 
 def _global(value: Any) -> WindowedValue:
     return WindowedValue(value, MIN_TIMESTAMP, [GlobalWindow()])
 
 
-_PLAIN_IPC = pa.ipc.IpcWriteOptions(compression=None)
-
-
-def _plain_ipc(table: pa.Table) -> bytes:
-    """Uncompressed IPC: ids and times hardly compress (LZ4 would cost four
-    times the write, and the read, for half the bytes)."""
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema, options=_PLAIN_IPC) as writer:
-        writer.write_table(table)
-    return bytes(sink.getvalue())
-
-
 class CopyWinnersFn(beam.DoFn):  # type: ignore[misc]
     """An id bucket's projections -> the winners of its ids whose copies
-    differ in user or time (:func:`~pipelines.core.kernels.copy_winners`), as
+    differ in user or time (:func:`~pipelines.core.event_copies.copy_winners`), as
     IPC; nothing when there are none (almost always)."""
 
     def process(self, element: tuple[int, Iterable[bytes]]) -> Iterator[bytes]:
@@ -257,88 +210,6 @@ def _same(element: Any) -> Any:
     return element
 
 
-def event_categories(events: pa.Table, ads: pa.Table, contents: pa.Table) -> IntArray:
-    """``seq_category`` of each event: the ad's declared creative category as
-    of the event (ads table) or the content's category; 0 when unknown."""
-    is_ad = np.asarray(
-        pc.is_in(events.column("action"), value_set=pa.array(vocab.AD_ACTIONS))
-    )
-    # Each lookup only for the events it applies to (ad vs organic).
-    ad_events = np.flatnonzero(is_ad)
-    organic = np.flatnonzero(~is_ad)
-    ad_rows = asof_index(ads, "ad_id", "updated_at").rows(
-        to_int64(events.column("ad_id"), -1)[ad_events],
-        to_int64(events.column("event_time"))[ad_events],
-    )
-    ad_codes = per_table(ads, "ad_categories", _category_codes("creative_category"))
-    content_rows = asof_index(contents, "content_id", None).rows(
-        to_int64(events.column("content_id"), -1)[organic],
-        np.zeros(organic.size, np.int64),
-    )
-    content_codes = per_table(
-        contents, "content_categories", _category_codes("content_category")
-    )
-    category = np.zeros(events.num_rows, dtype=np.int64)
-    ad_hit = ad_rows >= 0
-    category[ad_events[ad_hit]] = ad_codes[ad_rows[ad_hit]]
-    content_hit = content_rows >= 0
-    category[organic[content_hit]] = content_codes[content_rows[content_hit]]
-    return category
-
-
-def _category_codes(column: str) -> Callable[[pa.Table], IntArray]:
-    def codes(table: pa.Table) -> IntArray:
-        return vocabulary_codes(table.column(column), vocab.CATEGORIES)
-
-    return codes
-
-
-def user_offsets(users: IntArray) -> IntArray:
-    """Offsets (U + 1) of the runs of equal users in a user-sorted array."""
-    if users.size == 0:
-        return np.zeros(1, dtype=np.int64)
-    starts = np.flatnonzero(np.diff(users)) + 1
-    return np.concatenate([[0], starts, [users.size]]).astype(np.int64)
-
-
-def build_timelines(events: pa.Table, ads: pa.Table, contents: pa.Table) -> pa.Table:
-    """One timeline row per user from distinct events in timeline order.
-
-    Args:
-        events: distinct valid events sorted by (user_id, event_time, event_id).
-        ads: the ads table (for the as-of creative category).
-        contents: the contents table.
-
-    Returns:
-        TIMELINE_SCHEMA, one row per user, in user order.
-    """
-    users = to_int64(events.column("user_id"))
-    offsets = user_offsets(users)
-    is_ad = np.asarray(
-        pc.is_in(events.column("action"), value_set=pa.array(vocab.AD_ACTIONS))
-    )
-    values: dict[str, Any] = {
-        "event_time": events.column("event_time").combine_chunks(),
-        "seq_item_id": sequence_item_key(
-            to_int64(events.column("ad_id")),
-            to_int64(events.column("content_id")),
-            is_ad,
-        ),
-        "seq_action": vocabulary_codes(events.column("action"), vocab.ACTIONS),
-        "seq_domain": vocabulary_codes(events.column("domain"), vocab.DOMAINS),
-        "seq_surface": vocabulary_codes(events.column("surface"), vocab.SURFACES),
-        "seq_category": event_categories(events, ads, contents),
-    }
-    list_offsets = pa.array(offsets.astype(np.int32), pa.int32())
-    arrays = [pa.array(users[offsets[:-1]], pa.int64())]
-    for field in TIMELINE_SCHEMA:
-        if field.name == "user_id":
-            continue
-        flat = pa.array(values[field.name], field.type.value_type)
-        arrays.append(pa.ListArray.from_arrays(list_offsets, flat))
-    return pa.Table.from_arrays(arrays, schema=TIMELINE_SCHEMA)
-
-
 class BuildTimelinesFn(beam.DoFn):  # type: ignore[misc]
     """``(shard, distinct events)`` -> ``(shard, timelines)``."""
 
@@ -374,77 +245,6 @@ class BuildTimelines(beam.PTransform):  # type: ignore[misc]
         ).with_output_types(ShardedTable)
 
 
-USER_SEQUENCE_PART_ROWS = 65_536
-
-
-def user_sequences(timelines: pa.Table) -> pa.Table:
-    """The ``user_sequence`` feature table rows of some users' timelines.
-
-    One row per (user, UTC hour with an event of the user), at the end of the
-    hour, with the last :data:`USER_SEQUENCE_LENGTH` events strictly before it,
-    in (user, hour) order.
-    """
-    spec = FEATURE_TABLES["user_sequence"]
-    parts = list(user_sequence_parts(timelines))
-    return pa.concat_tables(parts) if parts else spec.schema.empty_table()
-
-
-def user_sequence_parts(
-    timelines: pa.Table, rows_per_part: int = USER_SEQUENCE_PART_ROWS
-) -> Iterator[pa.Table]:
-    """:func:`user_sequences` in consecutive parts of at most ``rows_per_part``
-    rows (the whole table when concatenated), so a writer can write one part
-    while the next is cut."""
-    spec = FEATURE_TABLES["user_sequence"]
-    # One copy of the (chunked) timelines; each part's windows are then cut
-    # from it without another, so the first part is ready (and its write
-    # can start) before the later ones are cut.
-    timelines = timelines.combine_chunks()
-    times = timelines.column("event_time")
-    times = times.chunk(0) if times.num_chunks == 1 else times.combine_chunks()
-    flat_times = to_int64(times.values)
-    lengths = np.diff(np.asarray(times.offsets.to_numpy(), dtype=np.int64))
-    owner = np.repeat(np.arange(timelines.num_rows), lengths)
-    hour_end = (flat_times // HOUR_MS + 1) * HOUR_MS
-    # Distinct (user, hour) pairs; both arrays are sorted within each user.
-    pair = np.ones(flat_times.size, dtype=bool)
-    pair[1:] = (owner[1:] != owner[:-1]) | (hour_end[1:] != hour_end[:-1])
-    rows, ends = owner[pair], hour_end[pair]
-    users = to_int64(timelines.column("user_id"))[rows]
-    # Events strictly before the hour's end: every event of the user up to the
-    # last one of that hour (times ascend), i.e. the index of the next pair.
-    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
-    following = np.append(np.flatnonzero(pair)[1:], flat_times.size)
-    cuts = following - starts[rows]
-    # Rows in (user, hour) order whatever the timelines' row order (several
-    # shards' timelines concatenated): ordering these few integer arrays
-    # here is much cheaper than reordering the snapshots' list columns.
-    by_user = np.argsort(users, kind="stable")
-    users, ends, cuts = users[by_user], ends[by_user], cuts[by_user]
-    time_type = spec.schema.field("event_timestamp").type
-    for lo in range(0, users.size, max(1, rows_per_part)):
-        hi = min(lo + rows_per_part, users.size)
-        positions, offsets, columns = window_positions(
-            users[lo:hi], cuts[lo:hi], timelines, USER_SEQUENCE_LENGTH
-        )
-        take = pa.array(positions, pa.int64())
-        list_offsets = pa.array(offsets.astype(np.int32))
-        arrays: list[pa.Array] = [
-            pa.array(users[lo:hi], pa.int64()),
-            pa.array(ends[lo:hi], pa.int64()).cast(time_type),
-        ]
-        for field in spec.schema:
-            if field.name in ("user_id", "event_timestamp"):
-                continue
-            source = "event_time" if field.name == "seq_event_time_ms" else field.name
-            values = columns[source].take(take)
-            if source == "event_time":
-                values = values.cast(pa.int64())
-            flat = values.cast(field.type.value_type)
-            arrays.append(pa.ListArray.from_arrays(list_offsets, flat))
-        yield pa.Table.from_arrays(arrays, schema=spec.schema)
-
-
 class WriteUserSequencesFn(BackgroundWriteFn):
     """All shards' timelines -> ``feature_tables/user_sequence.parquet``.
 
@@ -472,10 +272,10 @@ class WriteUserSequencesFn(BackgroundWriteFn):
 class WriteUserSequences(beam.PTransform):  # type: ignore[misc]
     """``(shard, timelines)`` -> ``feature_tables/user_sequence.parquet``.
 
-    One file sorted by (user, snapshot time), so the shards' timelines (about
-    a fifth of the snapshots' bytes) are gathered under one key and the
+    One file sorted by (user, snapshot time), so the shards' timelines (a
+    fraction of the snapshots' bytes) are gathered under one key and the
     snapshots cut once, already in that order; gathering per-shard snapshots
-    instead would ship and reorder ~5x the bytes.
+    instead would ship and reorder several times the bytes.
     """
 
     def __init__(self, output: str) -> None:

@@ -27,6 +27,7 @@ import pyarrow as pa
 from apache_beam import pvalue
 from apache_beam.metrics import Metrics
 
+from features.arrow_ipc import ipc_to_table, table_to_ipc
 from features.deadletter import DeadLetter
 from features.events import (
     EVENT_COLUMNS,
@@ -37,7 +38,6 @@ from features.events import (
     events_from_records,
     now_ms,
 )
-from pipelines.batch.arrow import ipc_to_table, table_to_ipc
 from pipelines.batch.parallel import PooledDoFn
 from pipelines.batch.tuning import pipeline_tuning
 

@@ -1,9 +1,11 @@
 """The feature job in one process: the reference (oracle) implementation.
 
-Plain pyarrow / pandas / numpy, written for clarity: every step below is one
-rule of :mod:`features.examples` (the spec), vectorized, no per-event Python.
-The Beam job (``pipelines/build.py``) must produce the same tables; tests
-compare the two. Outputs and layout on disk: :mod:`features.feature_tables`.
+Plain pyarrow / pandas / numpy, written for clarity: every step is one rule
+of :mod:`features.examples` (the spec), vectorized, no per-event Python
+(:mod:`pipelines.core.reference_steps`, which also lists the choices the
+spec leaves open). The Beam job (``pipelines/build.py``) must produce the
+same tables; tests compare the two. Outputs and layout on disk:
+:mod:`features.feature_tables`.
 
 Usage::
 
@@ -15,31 +17,13 @@ are found and numbered as the Beam job does (:mod:`pipelines.core.event_files`),
 and a JSONL line that does not decode is a dead letter with the job's reason,
 as is an invalid row. The validation clock is ``--now-ms``, else the input's
 ``manifest.json`` ``validation_now_ms``, else the wall clock.
-
-Choices the spec leaves open, fixed here (the Beam job follows them):
-
-- Validation comes first; duplicates are removed among *valid* rows: each
-  ``event_id`` keeps its winning copy, the first in ``(event_time, user_id,
-  digest)`` order, whatever user or file each copy came under
-  (:mod:`features.duplicates`).
-- "Distinct time order" is ``(event_time, event_id)``, event ids compared
-  byte-wise (UTF-8, which is code point order).
-- Labels: clicks / conversions are matched on ``impression_id`` alone (any
-  user); one in the window is enough.
-- As-of joins: ``updated_at <= t``; when an entity has two rows with the same
-  ``updated_at`` the later row of the table wins. ``ad_creative_category`` is
-  as of the impression; a timeline's ``seq_category`` as of each event for ad
-  events, and from the contents table (no versions) for organic ones.
-- Counter windows ``1h`` / ``1d`` / ``7d`` are 3,600,000 / 86,400,000 /
-  604,800,000 ms; an entity's events are its ad events (impression, click,
-  conversion) whose ``user_id`` / ``ad_id`` / ``advertiser_id`` is it.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -51,39 +35,17 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from features import vocab
 from features.deadletter import DeadLetter
 from features.events import (
-    CLICK_WINDOW,
-    CONVERSION_WINDOW,
     EVENT_COLUMNS,
     EVENT_SCHEMA,
-    SCHEMA_VERSION,
     decode_event,
     encode_event_table,
     event_table_reasons,
     events_from_records,
 )
-from features.examples import TIMELINE_SCHEMA, training_example_schema
-from features.feature_tables import (
-    AD_PROFILE_FEATURES,
-    COUNT_NAMES,
-    EVENT_TIMESTAMP,
-    FEATURE_TABLES,
-    LAYOUT_VERSION,
-    USER_PROFILE_FEATURES,
-    USER_SEQUENCE_LENGTH,
-)
-from features.fields import TIMESTAMP_TYPE
-from features.registry import (
-    COUNTER_ACTIONS,
-    COUNTER_ENTITIES,
-    COUNTER_WINDOWS,
-    SPARSE_FEATURES,
-    sequence_item_key,
-    string_bucket,
-)
-from features.windows import TIMELINE_SEQUENCE_COLUMNS, window_positions
+from features.feature_tables import COUNT_NAMES, LAYOUT_VERSION
+from pipelines.core.columns import to_int64
 from pipelines.core.event_files import (
     PARQUET_BATCH_ROWS,
     InputFileError,
@@ -91,26 +53,21 @@ from pipelines.core.event_files import (
     jsonl_payloads,
     row_payloads,
 )
-from pipelines.core.kernels import (
-    PLAIN_COLUMNS,
-    BackgroundWrites,
-    WindowCounter,
-    distinct_sorted,
-    parquet_options,
-    timeline_order,
-    winning_copies,
+from pipelines.core.ordering import distinct_sorted
+from pipelines.core.output_files import PLAIN_COLUMNS, BackgroundWrites, parquet_options
+from pipelines.core.reference_steps import (
+    ACTION_ID,
+    DAY_MS,
+    ad_attribute_frame,
+    distinct_events,
+    examples_of,
+    feature_tables_of,
+    timelines_of,
+    user_attribute_frame,
+    window_counters,
 )
 
 I64 = npt.NDArray[np.int64]
-
-HOUR_MS: Final = 3_600_000
-DAY_MS: Final = 86_400_000
-WINDOW_MS: Final[Mapping[str, int]] = {"1h": HOUR_MS, "1d": DAY_MS, "7d": 7 * DAY_MS}
-LABEL_WINDOWS_MS: Final[Mapping[str, int]] = {
-    "click": int(CLICK_WINDOW.total_seconds() * 1000),
-    "conversion": int(CONVERSION_WINDOW.total_seconds() * 1000),
-}
-_NUM_EMBEDDINGS: Final = {f.name: f.num_embeddings for f in SPARSE_FEATURES}
 
 
 @dataclass(frozen=True)
@@ -162,370 +119,6 @@ class EventOrigins:
         )
 
 
-# --- small helpers -----------------------------------------------------------
-
-
-def _ints(column: pa.ChunkedArray | pa.Array, missing: int = 0) -> I64:
-    """An integer / timestamp column as int64 numpy, nulls as ``missing``."""
-    if pa.types.is_timestamp(column.type):
-        column = column.cast(pa.int64())
-    filled = pc.fill_null(column, missing)
-    return np.asarray(filled.to_numpy(), dtype=np.int64)
-
-
-def _vocab_ids(column: pa.ChunkedArray | pa.Array, values: tuple[str, ...]) -> I64:
-    """Vocabulary ids (1-based, 0 for null or unknown) of a string column."""
-    index = pc.index_in(column, value_set=pa.array(values, pa.string()))
-    return _ints(index, missing=-1) + 1
-
-
-def _as_of(key: I64, time_ms: I64, table: pd.DataFrame, key_name: str) -> pd.DataFrame:
-    """The latest row of ``table`` with ``updated_at <= time_ms`` per query.
-
-    Args:
-        key, time_ms: (Q,) the queries.
-        table: dimension rows with ``key_name``, ``updated_at`` (ms) and int
-            attribute columns, in table order.
-        key_name: the join key.
-
-    Returns:
-        (Q,) rows of the attribute columns, in query order; 0 where none.
-    """
-    left = pd.DataFrame({key_name: key, "t": time_ms, "_q": np.arange(key.size)})
-    left = left.sort_values("t", kind="stable")
-    # Stable sort: among equal updated_at, the later table row comes later,
-    # and merge_asof takes the last match.
-    right = table.sort_values("updated_at", kind="stable")
-    joined = pd.merge_asof(
-        left,
-        right,
-        left_on="t",
-        right_on="updated_at",
-        by=key_name,
-        direction="backward",
-        allow_exact_matches=True,
-    )
-    columns = [c for c in table.columns if c not in (key_name, "updated_at")]
-    out = joined.sort_values("_q")[columns].fillna(0).astype(np.int64)
-    return out.reset_index(drop=True)
-
-
-def _user_attributes(users: pa.Table) -> pd.DataFrame:
-    """Users table rows with the example's user sparse ids (table order)."""
-    ages = _ints(users.column("age"))
-    return pd.DataFrame(
-        {
-            "user_id": _ints(users.column("user_id")),
-            "updated_at": _ints(users.column("updated_at")),
-            # age_bucket(): 1 + index of the last bound <= age = bounds <= age.
-            "user_age_bucket": np.searchsorted(
-                vocab.AGE_BUCKET_BOUNDS, ages, side="right"
-            ),
-            "user_gender": _vocab_ids(users.column("gender"), vocab.GENDERS),
-            "user_location": string_bucket(
-                users.column("location"), _NUM_EMBEDDINGS["user_location"]
-            ),
-            "user_device": _vocab_ids(users.column("device"), vocab.DEVICES),
-        }
-    )
-
-
-def _ad_attributes(ads: pa.Table) -> pd.DataFrame:
-    """Ads table rows with the ad profile's ids (table order)."""
-    return pd.DataFrame(
-        {
-            "ad_id": _ints(ads.column("ad_id")),
-            "updated_at": _ints(ads.column("updated_at")),
-            "advertiser_id": _ints(ads.column("advertiser_id")),
-            "campaign_id": _ints(ads.column("campaign_id")),
-            "ad_format": _vocab_ids(ads.column("ad_format"), vocab.AD_FORMATS),
-            "ad_objective": _vocab_ids(ads.column("objective"), vocab.AD_OBJECTIVES),
-            "ad_creative_category": _vocab_ids(
-                ads.column("creative_category"), vocab.CATEGORIES
-            ),
-        }
-    )
-
-
-# --- the steps ---------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Events:
-    """Distinct valid events sorted by (event_time, event_id), as arrays."""
-
-    table: pa.Table  # EVENT_SCHEMA rows, sorted
-    time: I64
-    user: I64
-    action: I64  # vocab.ACTIONS id
-    ad: I64  # 0 for organic events (use is_ad)
-    advertiser: I64
-    is_ad: npt.NDArray[np.bool_]
-
-    def entity(self, name: str) -> I64:
-        """The user / ad / advertiser id column."""
-        return {"user": self.user, "ad": self.ad, "advertiser": self.advertiser}[name]
-
-
-def _distinct_sorted(valid: pa.Table) -> _Events:
-    """Each event_id once (its winning copy), in distinct time order."""
-    keep = winning_copies(valid)
-    distinct = valid if keep.all() else valid.filter(pa.array(keep))
-    # Integer sort on time; only events with equal times compare their ids.
-    order = timeline_order([_ints(distinct.column("event_time"))], distinct["event_id"])
-    table = distinct.take(pa.array(order))
-    action = _vocab_ids(table.column("action"), vocab.ACTIONS)
-    return _Events(
-        table=table,
-        time=_ints(table.column("event_time")),
-        user=_ints(table.column("user_id")),
-        action=action,
-        ad=_ints(table.column("ad_id")),
-        advertiser=_ints(table.column("advertiser_id")),
-        is_ad=action <= len(vocab.AD_ACTIONS),
-    )
-
-
-_ACTION_ID: Final = vocab.vocabulary_ids(vocab.ACTIONS)
-
-
-def _labels(events: _Events, impressions: I64) -> dict[str, npt.NDArray[np.int8]]:
-    """label_<objective> per impression (rows ``impressions`` of ``events``)."""
-    impression_ids = events.table.column("event_id").take(pa.array(impressions))
-    labels = {}
-    for objective, window in LABEL_WINDOWS_MS.items():
-        rows = np.flatnonzero(events.action == _ACTION_ID[objective])
-        target = pc.index_in(
-            events.table.column("impression_id").take(pa.array(rows)),
-            value_set=impression_ids,
-        )
-        which = _ints(target, missing=-1)
-        matched = which >= 0
-        delay = events.time[rows[matched]] - events.time[impressions[which[matched]]]
-        hit = which[matched][(delay >= 0) & (delay < window)]
-        label = np.zeros(impressions.size, dtype=np.int8)
-        label[hit] = 1
-        labels[f"label_{objective}"] = label
-    return labels
-
-
-def _window_counters(events: _Events) -> dict[str, WindowCounter]:
-    """Per entity kind, the windowed counts of its ad events (by action)."""
-    code = np.zeros(events.action.size, dtype=np.int64)
-    for number, action in enumerate(COUNTER_ACTIONS, start=1):
-        code[events.action == _ACTION_ID[action]] = number
-    windows = tuple(WINDOW_MS[w] for w in COUNTER_WINDOWS)
-    ad = events.is_ad
-    return {
-        entity: WindowCounter(
-            events.entity(entity)[ad],
-            events.time[ad],
-            code[ad],
-            len(COUNTER_ACTIONS),
-            windows,
-        )
-        for entity in COUNTER_ENTITIES
-    }
-
-
-def _counter_columns(
-    entity: str, counts: list[list[I64]]
-) -> dict[str, npt.NDArray[np.float32]]:
-    """``counts[action][window]`` as the float32 counter columns of ``entity``."""
-    return {
-        f"{entity}_{action}_count_{window}": count.astype(np.float32)
-        for action, per_window in zip(COUNTER_ACTIONS, counts, strict=True)
-        for window, count in zip(COUNTER_WINDOWS, per_window, strict=True)
-    }
-
-
-def _timeline_cut(events: _Events, user: I64, time_ms: I64) -> I64:
-    """Events of each user (any action) strictly before each time."""
-    every = WindowCounter(events.user, events.time, np.ones_like(events.user), 1, ())
-    return every.before(user, time_ms)[0]
-
-
-def _timelines(
-    events: _Events, ad_attributes: pd.DataFrame, contents: pa.Table
-) -> tuple[pa.Table, I64]:
-    """TIMELINE_SCHEMA rows (sorted by user) and each event's timeline order.
-
-    Returns:
-        ``(timelines, order)``: ``order`` sorts events by (user, time, id).
-    """
-    table = events.table
-    content = _ints(table.column("content_id"))
-    # seq_category: ads as of the event (declared category); contents by id.
-    ad_category = _as_of(
-        events.ad,
-        events.time,
-        ad_attributes[["ad_id", "updated_at", "ad_creative_category"]],
-        "ad_id",
-    )["ad_creative_category"].to_numpy()
-    content_ids = _ints(contents.column("content_id"))
-    content_category = _vocab_ids(contents.column("content_category"), vocab.CATEGORIES)
-    # The contents table has no versions: the last row of an id wins. A
-    # trailing 0 is what an unknown id (position -1) reads.
-    ids, last = np.unique(content_ids[::-1], return_index=True)
-    categories = np.append(content_category[::-1][last], 0)
-    where = _ints(pc.index_in(pa.array(content), value_set=pa.array(ids)), -1)
-    organic_category = categories[where]
-    category = np.where(events.is_ad, ad_category, organic_category)
-    per_event = {
-        "seq_item_id": sequence_item_key(events.ad, content, events.is_ad),
-        "seq_action": events.action,
-        "seq_domain": _vocab_ids(table.column("domain"), vocab.DOMAINS),
-        "seq_surface": _vocab_ids(table.column("surface"), vocab.SURFACES),
-        "seq_category": category,
-    }
-    # Events are in (time, id) order already; a stable sort by user keeps it.
-    order = np.argsort(events.user, kind="stable")
-    sorted_users = events.user[order]
-    starts = np.flatnonzero(np.diff(sorted_users, prepend=sorted_users[:1] - 1))
-    users = sorted_users[starts]
-    offsets = pa.array(np.append(starts, order.size).astype(np.int32), pa.int32())
-    arrays: list[pa.Array] = [pa.array(users, pa.int64())]
-    for field in TIMELINE_SCHEMA:
-        if field.name == "user_id":
-            continue
-        if field.name == "event_time":
-            values = pa.array(events.time[order], pa.int64()).cast(TIMESTAMP_TYPE)
-        else:
-            values = pa.array(per_event[field.name][order], field.type.value_type)
-        arrays.append(pa.ListArray.from_arrays(offsets, values))
-    return pa.Table.from_arrays(arrays, schema=TIMELINE_SCHEMA), order
-
-
-def _examples(
-    events: _Events,
-    user_attributes: pd.DataFrame,
-    ad_attributes: pd.DataFrame,
-    counters: Mapping[str, WindowCounter],
-) -> pa.Table:
-    """One training example per distinct impression, sorted by example_id."""
-    table = events.table
-    imp = np.flatnonzero(events.action == _ACTION_ID["impression"])
-    rows = table.take(pa.array(imp))
-    t, user = events.time[imp], events.user[imp]
-    columns: dict[str, npt.ArrayLike | pa.Array | pa.ChunkedArray] = {
-        "schema_version": np.full(imp.size, SCHEMA_VERSION, dtype=np.int16),
-        "example_id": rows.column("event_id"),
-        "event_time": rows.column("event_time"),
-        "user_id": user,
-        "ad_id": events.ad[imp],
-        "advertiser_id": events.advertiser[imp],
-        "campaign_id": _ints(rows.column("campaign_id")),
-    }
-    columns |= _labels(events, imp)
-    user_attrs = _as_of(user, t, user_attributes, "user_id")
-    for name in USER_PROFILE_FEATURES:
-        columns[name] = user_attrs[name].to_numpy()
-    ad_attrs = _as_of(
-        events.ad[imp],
-        t,
-        ad_attributes[["ad_id", "updated_at", "ad_creative_category"]],
-        "ad_id",
-    )
-    columns["ad_format"] = _vocab_ids(rows.column("ad_format"), vocab.AD_FORMATS)
-    columns["ad_objective"] = _vocab_ids(rows.column("objective"), vocab.AD_OBJECTIVES)
-    columns["ad_creative_category"] = ad_attrs["ad_creative_category"].to_numpy()
-    columns["domain"] = _vocab_ids(rows.column("domain"), vocab.DOMAINS)
-    columns["surface"] = _vocab_ids(rows.column("surface"), vocab.SURFACES)
-    columns["hour_of_day"] = (t // HOUR_MS) % 24 + 1
-    for entity in COUNTER_ENTITIES:
-        counts = counters[entity].count(events.entity(entity)[imp], t)
-        columns |= _counter_columns(entity, counts)
-    columns["timeline_cut"] = _timeline_cut(events, user, t)
-    schema = training_example_schema()
-    examples = pa.Table.from_arrays(
-        [pa.array(columns[f.name], f.type) for f in schema], schema=schema
-    )
-    return examples.take(
-        pc.sort_indices(examples, sort_keys=[("example_id", "ascending")])
-    )
-
-
-# --- feature tables ----------------------------------------------------------
-
-
-def _frame_table(frame: pd.DataFrame, name: str) -> pa.Table:
-    """A feature table from a frame holding its columns (times in ms)."""
-    spec = FEATURE_TABLES[name]
-    frame = frame.sort_values([spec.entity, EVENT_TIMESTAMP], kind="stable")
-    arrays = []
-    for field in spec.schema:
-        values = frame[field.name].to_numpy()
-        if field.name == EVENT_TIMESTAMP:
-            arrays.append(pa.array(values, pa.int64()).cast(TIMESTAMP_TYPE))
-        else:
-            arrays.append(pa.array(values, field.type))
-    return pa.Table.from_arrays(arrays, schema=spec.schema)
-
-
-def _counter_table(counter: WindowCounter, entity: str) -> pa.Table:
-    """``<entity>_counters``: a row at each distinct ad event time of the entity."""
-    key, time_ms = counter.point_entities()
-    frame = pd.DataFrame(
-        {
-            f"{entity}_id": key,
-            EVENT_TIMESTAMP: time_ms,
-            **_counter_columns(entity, counter.count_at_points()),
-        }
-    )
-    return _frame_table(frame, f"{entity}_counters")
-
-
-def _user_sequence_table(events: _Events, timelines: pa.Table) -> pa.Table:
-    """``user_sequence``: last events before the end of each active (user, hour)."""
-    points = pd.DataFrame(
-        {"user_id": events.user, "hour_end": (events.time // HOUR_MS + 1) * HOUR_MS}
-    ).drop_duplicates()
-    points = points.sort_values(["user_id", "hour_end"]).reset_index(drop=True)
-    user, hour_end = points["user_id"].to_numpy(), points["hour_end"].to_numpy()
-    cut = _timeline_cut(events, user, hour_end)
-    positions, offsets, columns = window_positions(
-        user, cut, timelines, USER_SEQUENCE_LENGTH
-    )
-    take = pa.array(positions, pa.int64())
-    list_offsets = pa.array(offsets.astype(np.int32), pa.int32())
-    spec = FEATURE_TABLES["user_sequence"]
-    arrays: list[pa.Array] = [
-        pa.array(user, pa.int64()),
-        pa.array(hour_end, pa.int64()).cast(TIMESTAMP_TYPE),
-        pa.ListArray.from_arrays(
-            list_offsets, columns["event_time"].take(take).cast(pa.int64())
-        ),
-    ]
-    arrays += [
-        pa.ListArray.from_arrays(list_offsets, columns[name].take(take))
-        for name in TIMELINE_SEQUENCE_COLUMNS
-    ]
-    return pa.Table.from_arrays(arrays, schema=spec.schema)
-
-
-def _feature_tables(
-    events: _Events,
-    timelines: pa.Table,
-    user_attributes: pd.DataFrame,
-    ad_attributes: pd.DataFrame,
-    counters: Mapping[str, WindowCounter],
-) -> dict[str, pa.Table]:
-    users = user_attributes.rename(columns={"updated_at": EVENT_TIMESTAMP})
-    ads = ad_attributes.rename(columns={"updated_at": EVENT_TIMESTAMP})
-    tables = {
-        "user_profile": _frame_table(
-            users[["user_id", EVENT_TIMESTAMP, *USER_PROFILE_FEATURES]], "user_profile"
-        ),
-        "ad_profile": _frame_table(
-            ads[["ad_id", EVENT_TIMESTAMP, *AD_PROFILE_FEATURES]], "ad_profile"
-        ),
-    }
-    for entity in COUNTER_ENTITIES:
-        tables[f"{entity}_counters"] = _counter_table(counters[entity], entity)
-    tables["user_sequence"] = _user_sequence_table(events, timelines)
-    return tables
-
-
 # --- the job -----------------------------------------------------------------
 
 
@@ -559,12 +152,12 @@ def build_reference(
             np.arange(1, events.num_rows + 1, dtype=np.int64),
         )
     valid, dead_letters, letters = _validate(events, origins, now_ms)
-    distinct = _distinct_sorted(valid)
-    user_attributes = _user_attributes(users)
-    ad_attributes = _ad_attributes(ads)
-    timelines, _ = _timelines(distinct, ad_attributes, contents)
-    counters = _window_counters(distinct)
-    examples = _examples(distinct, user_attributes, ad_attributes, counters)
+    distinct = distinct_events(valid)
+    user_attributes = user_attribute_frame(users)
+    ad_attributes = ad_attribute_frame(ads)
+    timelines, _ = timelines_of(distinct, ad_attributes, contents)
+    counters = window_counters(distinct)
+    examples = examples_of(distinct, user_attributes, ad_attributes, counters)
     counts = {
         "events_read": events.num_rows + len(origins.set_aside),
         "events_valid": valid.num_rows,
@@ -575,7 +168,7 @@ def build_reference(
             pc.sum(pc.list_value_length(timelines.column("event_time"))).as_py() or 0
         ),
         "timelines": timelines.num_rows,
-        "impressions": int(np.sum(distinct.action == _ACTION_ID["impression"])),
+        "impressions": int(np.sum(distinct.action == ACTION_ID["impression"])),
         "examples": examples.num_rows,
     }
     assert tuple(counts) == COUNT_NAMES
@@ -584,7 +177,7 @@ def build_reference(
         timelines=timelines,
         dead_letters=dead_letters,
         counts=counts,
-        feature_tables=_feature_tables(
+        feature_tables=feature_tables_of(
             distinct, timelines, user_attributes, ad_attributes, counters
         ),
         letters=letters,
@@ -663,7 +256,7 @@ def _write_parquet(table: pa.Table, path: Path, plain: Sequence[str] = ()) -> No
 
 def _write_files(output: ReferenceOutput, out: Path, writes: BackgroundWrites) -> None:
     examples = output.examples
-    days = _ints(examples.column("event_time")) // DAY_MS
+    days = to_int64(examples.column("event_time")) // DAY_MS
     for day in distinct_sorted(days):
         date = str(np.datetime64(int(day), "D"))
         part = out / "examples" / f"date={date}" / "part-0.parquet"

@@ -1,5 +1,6 @@
 """Feast for the feature job: configuration and commands, the Arrow batch engine, the
-online encoders and stores.
+online encoders, writers and stores.
 
-``python -m pipelines.feast {apply,materialize,...}`` runs the commands (:mod:`.ops`).
+``python -m pipelines.feast {validate,apply,materialize}`` runs the commands
+(:mod:`.command`, on :mod:`.ops`).
 """

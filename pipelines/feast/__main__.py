@@ -1,8 +1,8 @@
-"""``python -m pipelines.feast``: apply, materialize and read the feature store
-(:mod:`.ops`).
+"""``python -m pipelines.feast``: validate, apply and materialize the feature
+store (:mod:`.command`).
 """
 
-from pipelines.feast.ops import main
+from pipelines.feast.command import main
 
 if __name__ == "__main__":
     raise SystemExit(main())

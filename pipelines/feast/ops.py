@@ -1,7 +1,8 @@
-"""Our wrapper around Feast: configuration, table checks, apply, materialize, read.
+"""Our wrapper around Feast: configuration, table checks, apply, materialize.
 
 ``feature_repo/`` holds the declarations (what ``feast -c feature_repo apply``
-reads); this module is what the demo, the tests and operators call:
+reads); this module is what the demo, the tests, operators and the command
+(:mod:`pipelines.feast.command`) call:
 
 - :func:`repo_config`: the embedded (``local``) or production-like (``prod``)
   configuration, chosen by ``$GEM_FEAST_ENV`` (one switch), read from
@@ -17,41 +18,28 @@ reads); this module is what the demo, the tests and operators call:
   (what ``feast materialize`` runs) after checking the tables. The yaml's
   batch engine is :class:`pipelines.feast.engine.ArrowMaterializationEngine`
   (pyarrow read, whole-column encoding, bulk writes in Feast's layout).
-- :func:`historical_features`: point-in-time retrieval that returns one row
-  per request row (see its docstring for the two Feast behaviours it guards).
-- :func:`main`: the command below. It parses its flags before importing
-  Feast, pandas or pyarrow, which take seconds to load.
 
-The embedded online store, :class:`pipelines.feast.sqlite.GuardedSqliteOnlineStore`,
-lives in its own module (``feature_store.yaml`` names it).
-
-Usage::
-
-    python -m pipelines.feast [--env local|prod] [--features-dir DIR]
-        [--state-dir DIR] [--project P] validate | apply
-        | materialize [--start T] [--end T|now] [--views V ...] [--engine arrow|feast]
+Reading the store back is :mod:`pipelines.feast.retrieval`. The embedded
+online store, :class:`pipelines.feast.sqlite.GuardedSqliteOnlineStore`,
+lives in its own module (``feature_store.yaml`` names it). Importing this
+module loads neither Feast, pandas nor pyarrow.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import importlib
 import io
 import os
 import re
 import sys
-import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Literal
 
-from features.cli import CommandError, CommandParser, HelpFormatter, run_command
-
 if TYPE_CHECKING:
-    import pandas as pd
     import pyarrow as pa
     from feast import FeatureService, FeatureStore, FeatureView, RepoConfig
 
@@ -72,9 +60,6 @@ ENDPOINT_DEFAULTS: Final = {
 }
 """What the prod yaml's variables mean when unset: the loopback services of
 ``scripts/services.sh``. Feast's own CLI has no defaults: export them."""
-EVENT_TIMESTAMP: Final = "event_timestamp"
-"""The feature tables' time column (``features.feature_tables.EVENT_TIMESTAMP``;
-spelled out so that importing this module loads no pyarrow)."""
 
 ENGINE_TYPE: Final = "pipelines.feast.engine.ArrowMaterializationEngine"
 Env = Literal["local", "prod"]
@@ -377,379 +362,3 @@ def materialize(
             store.materialize(
                 start_date=make_tzaware(start), end_date=end, feature_views=names
             )
-
-
-NO_TTL: Final = timedelta(weeks=52)
-"""What Feast starts an incremental run from for a view without a ttl."""
-
-
-# --- historical retrieval ----------------------------------------------------
-
-
-def _requested(
-    store: FeatureStore, features: FeatureService | Sequence[str]
-) -> dict[str, list[str]]:
-    """Feature names by view, from a service or ``view:feature`` references."""
-    from feast import FeatureService
-
-    grouped: dict[str, list[str]] = {}
-    if isinstance(features, FeatureService):
-        for projection in features.feature_view_projections:
-            names = [f.name for f in projection.features]
-            grouped.setdefault(projection.name, []).extend(names)
-        return grouped
-    for ref in features:
-        view, _, name = ref.partition(":")
-        grouped.setdefault(view, []).append(name)
-    return grouped
-
-
-def _utc_ns(column: pd.Series) -> pd.Series:
-    import pandas as pd
-
-    return pd.to_datetime(column, utc=True).astype("datetime64[ns, UTC]")
-
-
-def historical_features(
-    store: FeatureStore,
-    entity_df: pd.DataFrame,
-    features: FeatureService | Sequence[str],
-    *,
-    full_feature_names: bool = False,
-    timestamp_column: str = EVENT_TIMESTAMP,
-) -> pd.DataFrame:
-    """Point-in-time feature values for every row of ``entity_df``, in its order.
-
-    For each view, the latest row with ``event_timestamp <= t`` of the row's
-    entity, or nulls where the entity had none by ``t``. Calls Feast's
-    ``get_historical_features`` once per view, on the distinct
-    ``(join key, t)`` pairs, and joins the answers back, because Feast 0.67's
-    file (Dask) offline store, called on the raw entity frame, loses rows:
-
-    - an entity whose rows are *all* later than ``t`` drops the whole request
-      row (its ttl filter keeps null matches but not "no match yet"), e.g. an
-      impression in a user's first active hour has no ``user_sequence``
-      snapshot yet, and Feast returns no row for it at all;
-    - request rows that share a join key and timestamp are collapsed into one
-      (feast-dev/feast#6787), e.g. two impressions of one user at the same ms.
-
-    Args:
-        store: the applied store.
-        entity_df: join key columns and ``timestamp_column``; other columns
-            are kept.
-        features: a feature service or ``view:feature`` references.
-        full_feature_names: name columns ``view__feature``. Needed when a
-            feature is named like a request column (``ad_profile``'s
-            ``advertiser_id`` beside the advertiser key): plain names raise
-            then, where Feast would silently rename one of them.
-        timestamp_column: the request time column.
-
-    Returns:
-        ``entity_df`` plus one column per feature (nullable where missing).
-    """
-    out = entity_df.reset_index(drop=True).copy()
-    times = _utc_ns(out[timestamp_column])
-    request_ts = "__request_ts"
-    out[request_ts] = times
-    for view_name, names in _requested(store, features).items():
-        view = store.get_feature_view(view_name)
-        keys = [column.name for column in view.entity_columns]
-        columns = [f"{view_name}__{n}" if full_feature_names else n for n in names]
-        clashes = sorted(set(columns) & set(out.columns))
-        if clashes:
-            raise ValueError(
-                f"features {clashes} of view {view_name!r} are named like columns "
-                "already in the result; pass full_feature_names=True"
-            )
-        pairs = out[[*keys, request_ts]].drop_duplicates()
-        pairs = pairs.rename(columns={request_ts: EVENT_TIMESTAMP})
-        got = store.get_historical_features(
-            entity_df=pairs,
-            features=[f"{view_name}:{n}" for n in names],
-            full_feature_names=full_feature_names,
-        ).to_df()
-        got[request_ts] = _utc_ns(got[EVENT_TIMESTAMP])
-        got = got[[*keys, request_ts, *columns]]
-        out = out.merge(got, on=[*keys, request_ts], how="left", validate="m:1")
-    return out.drop(columns=[request_ts])
-
-
-FROM_THE_EVENT: Final = ("advertiser_id", "campaign_id", "ad_format", "ad_objective")
-"""``ad_profile`` features an example takes from its impression event instead."""
-
-CONSISTENCY_VIEWS: Final = (
-    "user_profile",
-    "ad_profile",
-    "user_counters",
-    "ad_counters",
-    "advertiser_counters",
-)
-"""The views whose values a training example holds too (not the sequence)."""
-
-
-def example_columns() -> list[str]:
-    """The example columns :func:`example_mismatches` reads (and ``event_time``)."""
-    from features.feature_tables import FEATURE_TABLES
-
-    names = [n for v in CONSISTENCY_VIEWS for n in FEATURE_TABLES[v].feature_names]
-    return list(dict.fromkeys(["user_id", "ad_id", "advertiser_id", *names]))
-
-
-def example_mismatches(store: FeatureStore, examples: pd.DataFrame) -> dict[str, int]:
-    """Training/serving skew: examples whose feature differs from Feast's answer.
-
-    Retrieves every :data:`CONSISTENCY_VIEWS` feature at each example's
-    impression time and compares it with the example's column. Counters must
-    be equal bit for bit (every counter table has a row at each impression
-    time). Profile ids: Feast's null (no version yet) is the examples' missing
-    id 0; :data:`FROM_THE_EVENT` ids are compared only where the ad has a
-    version by then (before, the example has the event's, Feast nothing).
-
-    Args:
-        store: an applied store reading the same feature job's tables.
-        examples: training examples (``training_example_schema`` columns).
-
-    Returns:
-        ``view.feature`` -> number of differing examples; empty when consistent.
-    """
-    from features.feature_tables import FEATURE_TABLES
-
-    requests = examples[["user_id", "ad_id", "advertiser_id"]].assign(
-        **{EVENT_TIMESTAMP: examples["event_time"]}
-    )
-    refs = [
-        f"{view}:{name}"
-        for view in CONSISTENCY_VIEWS
-        for name in FEATURE_TABLES[view].feature_names
-    ]
-    served = historical_features(store, requests, refs, full_feature_names=True)
-    no_ad_version = served["ad_profile__campaign_id"].isna().to_numpy()
-    mismatches = {}
-    for ref in refs:
-        view, name = ref.split(":")
-        got = served[f"{view}__{name}"]
-        want = examples[name].to_numpy()
-        if view.endswith("_counters"):
-            same = got.to_numpy(dtype="float32", na_value=float("nan")) == want
-        elif name in FROM_THE_EVENT:
-            same = no_ad_version | (got.fillna(-1).to_numpy() == want)
-        else:
-            same = got.fillna(0).to_numpy(dtype="int64") == want
-        if not same.all():
-            mismatches[f"{view}.{name}"] = int((~same).sum())
-    return mismatches
-
-
-# --- CLI ---------------------------------------------------------------------
-
-COMMANDS: Final = {
-    "validate": "check the feature tables against the contract",
-    "apply": "validate, then register the repository",
-    "materialize": "offline tables -> online store (incremental by default)",
-}
-
-
-def parse_time(text: str) -> datetime:
-    """``now`` or an ISO-8601 time (naive: UTC), as the flags take it."""
-    if text.lower() == "now":
-        return datetime.now(UTC)
-    try:
-        parsed = datetime.fromisoformat(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"not an ISO-8601 time or 'now': {text!r}"
-        ) from None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
-
-
-def build_parser() -> CommandParser:
-    """The command's flags (nothing heavy imported)."""
-    parser = CommandParser("pipelines.feast", __doc__.splitlines()[0])
-    parser.add_argument(
-        "--env",
-        choices=sorted(CONFIG_FILES),
-        default=None,
-        help=f"the configuration (default: ${ENV_VAR}, else local)",
-    )
-    parser.add_argument(
-        "--features-dir",
-        type=Path,
-        default=None,
-        help="the feature job's output, with feature_tables/ inside (default: "
-        "$GEM_FEATURES_DIR, else demo-output/features once written, else empty "
-        "tables: see feature_repo/README.md)",
-    )
-    parser.add_argument(
-        "--state-dir",
-        type=Path,
-        default=None,
-        help="local only: the file registry and SQLite online store (default: "
-        "the yaml's, feature_repo/data/)",
-    )
-    parser.add_argument(
-        "--project",
-        default=None,
-        help="Feast project, which namespaces every table and key (default: the "
-        "yaml's, gem_ads)",
-    )
-    # Subcommands are plain parsers: the top-level CommandParser already
-    # checks every flag, theirs included, before argparse sees them.
-    commands = parser.add_subparsers(
-        dest="command",
-        required=True,
-        metavar="{" + ",".join(COMMANDS) + "}",
-        parser_class=argparse.ArgumentParser,
-    )
-    subs = {
-        name: commands.add_parser(
-            name,
-            help=text,
-            description=text,
-            formatter_class=HelpFormatter,
-            allow_abbrev=False,
-        )
-        for name, text in COMMANDS.items()
-    }
-    materialize_flags = subs["materialize"]
-    materialize_flags.add_argument(
-        "--start",
-        type=parse_time,
-        default=None,
-        help="window start, ISO-8601 (UTC if naive); without it: incremental, "
-        "from each view's last materialization",
-    )
-    materialize_flags.add_argument(
-        "--end",
-        type=parse_time,
-        default="now",
-        help="window end, ISO-8601 (UTC if naive) or now",
-    )
-    materialize_flags.add_argument(
-        "--views",
-        nargs="+",
-        default=None,
-        help="the feature views to materialize (default: every online view)",
-    )
-    materialize_flags.add_argument(
-        "--engine",
-        choices=sorted(ENGINES),
-        default=None,
-        help="batch engine: arrow (pipelines.feast.engine) or feast (Feast's "
-        "stock local engine) (default: the yaml's, arrow)",
-    )
-    return parser
-
-
-def _endpoint_error(error: BaseException) -> CommandError | None:
-    """The one line for a Redis or PostgreSQL that does not answer, else None."""
-    kind = type(error)
-    module = kind.__module__
-    if module.startswith("redis") and kind.__name__ in (
-        "ConnectionError",
-        "TimeoutError",
-    ):
-        where = os.environ.get(REDIS_VAR, ENDPOINT_DEFAULTS[REDIS_VAR])
-        return CommandError(
-            f"no Redis answers at {where.split(',')[0]} ({error})",
-            f"check ${REDIS_VAR} and that Redis is up",
-        )
-    if module.startswith("sqlalchemy") and kind.__name__ == "OperationalError":
-        url = os.environ.get(REGISTRY_URL_VAR, ENDPOINT_DEFAULTS[REGISTRY_URL_VAR])
-        host = url.rpartition("@")[2]  # no user or password in the message
-        first = str(getattr(error, "orig", error)).strip().splitlines()[0]
-        return CommandError(
-            f"the registry database at {host} does not answer ({first})",
-            f"check ${REGISTRY_URL_VAR} and that PostgreSQL is up",
-        )
-    return None
-
-
-def run(args: argparse.Namespace) -> int:
-    """Run one parsed command (see the module docstring)."""
-    env = feast_env(args.env)
-    features_dir: Path = (
-        args.features_dir.resolve()
-        if args.features_dir
-        else repo_module("sources").features_dir()
-    )
-    try:
-        return _run(args, env, features_dir)
-    except FeatureTableError as error:
-        raise CommandError(
-            str(error).replace(":\n  ", ": ").replace("\n  ", "; "),
-            "run the feature job (python -m pipelines.build --output DIR) and "
-            "point --features-dir or $GEM_FEATURES_DIR at DIR",
-        ) from error
-    except Exception as error:
-        line = _endpoint_error(error)
-        if line is None:
-            raise
-        raise line from error
-
-
-def _run(args: argparse.Namespace, env: Env, features_dir: Path) -> int:
-    from feast import FeatureStore
-
-    from features.cli import progress
-
-    if args.command in ("validate", "apply") and not features_dir.is_dir():
-        raise CommandError(
-            f"features dir {features_dir} does not exist",
-            "run the feature job (python -m pipelines.build --output DIR) and "
-            "point --features-dir or $GEM_FEATURES_DIR at DIR",
-        )
-    if args.command == "validate":
-        validate_feature_tables(features_dir)
-        print(f"ok: {_table_count()} feature tables in {features_dir}")
-        return 0
-    store = FeatureStore(
-        config=repo_config(
-            env,
-            state_dir=args.state_dir,
-            project=args.project,
-            engine=getattr(args, "engine", None),
-        )
-    )
-    started = time.perf_counter()
-    if args.command == "apply":
-        objects = apply(store, features_dir)
-        print(
-            f"applied {len(objects.views)} views and {len(objects.services)} "
-            f"services reading {features_dir} to project {store.project}"
-        )
-    else:
-        online = [v.name for v in store.list_feature_views() if v.online]
-        if not online:
-            raise CommandError(
-                f"project {store.project} has no online feature views",
-                "run `python -m pipelines.feast apply` first",
-            )
-        unknown = sorted(set(args.views or ()) - set(online))
-        if unknown:
-            raise CommandError(
-                f"no online feature view named {', '.join(unknown)} in project "
-                f"{store.project}",
-                f"choose from {', '.join(sorted(online))}",
-            )
-        names = [n for n in online if args.views is None or n in args.views]
-        # One view at a time: the bar counts views done, which is true.
-        with progress("materializing views", total=len(names)) as bar:
-            for name in names:
-                materialize(
-                    store, end=args.end, start=args.start, views=[name], quiet=True
-                )
-                print(f"materialized {name}")
-                bar.advance()
-    print(f"{args.command} took {time.perf_counter() - started:.1f} s")
-    return 0
-
-
-def _table_count() -> int:
-    from features.feature_tables import FEATURE_TABLES
-
-    return len(FEATURE_TABLES)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """The command: parse (nothing heavy loaded), then run; exit status."""
-    return run_command(build_parser(), run, argv)

@@ -1,10 +1,12 @@
 """The Feast our engine and stores were written for, checked before they load.
 
 :mod:`pipelines.feast.engine` and :mod:`pipelines.feast.sqlite` subclass
-Feast's local engine and SQLite store, write Feast's storage layouts
-themselves, and reach into Feast's internals (the names in
-:data:`FEAST_INTERNALS`). Another Feast may still import and yet lay its data
-out differently, so they call :func:`require_supported_feast` first: outside
+Feast's local engine and SQLite store, they and the writers
+(:mod:`pipelines.feast.writers`, :mod:`pipelines.feast.redis_writer`) write
+Feast's storage layouts themselves, and all reach into Feast's internals (the
+names in :data:`FEAST_INTERNALS`). Another Feast may still import and yet lay
+its data out differently, so they call :func:`require_supported_feast` first:
+outside
 :data:`SUPPORTED_FEAST`, or with one of those names gone, it fails with one
 line naming the pin to install. :func:`unsupported_feast` is the pure decision
 (tests give it other versions).

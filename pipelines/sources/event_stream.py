@@ -103,13 +103,11 @@ def publish_events(
     Returns:
         Counts and the time taken (until every message was acknowledged).
     """
-    from kafka import KafkaProducer
-
     if order_by_time:
         table = table.sort_by([("event_time", "ascending")])
     payloads = encode_event_table(table)
     keys = [str(u).encode() for u in table.column("user_id").to_pylist()]
-    producer = KafkaProducer(**settings.producer_config(**PRODUCER_TUNING))
+    producer = settings.producer(**PRODUCER_TUNING)
     start = time.monotonic()
     sent_bytes = 0
     # Pace in small chunks: sleeping per message would cost more than sending.
@@ -137,9 +135,7 @@ def publish_raw(
     payloads: Iterable[bytes], settings: KafkaSettings, topic: str, *, key: bytes
 ) -> int:
     """Send raw message bodies as they are (used to inject malformed input)."""
-    from kafka import KafkaProducer
-
-    producer = KafkaProducer(**settings.producer_config())
+    producer = settings.producer()
     count = 0
     try:
         for payload in payloads:
@@ -173,23 +169,14 @@ def read_events(
         dead_letter_topic: where to copy dead letters (with their reason in
             headers); None keeps them in the report only.
     """
-    from kafka import KafkaConsumer, KafkaProducer
-
-    consumer = KafkaConsumer(
+    consumer = settings.consumer(
         topic,
-        **settings.consumer_config(
-            group_id=group_id,
-            auto_offset_reset="earliest",
-            enable_auto_commit=False,
-            max_partition_fetch_bytes=8 * 1024 * 1024,
-        ),
+        group_id=group_id,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        max_partition_fetch_bytes=8 * 1024 * 1024,
     )
-    records: list[dict[str, Any]] = []
-    dead: list[DeadLetter] = []
-    per_partition: Counter[int] = Counter()
-    last_time: dict[int, int] = {}
-    out_of_order: set[int] = set()
-    messages = total_bytes = 0
+    tally = _ReadTally(topic)
     ends: dict[Any, int] | None = None
     start = time.monotonic()
     try:
@@ -204,53 +191,77 @@ def read_events(
             batches = consumer.poll(timeout_ms=200, max_records=10_000)
             for tp, batch in batches.items():
                 for message in batch:
-                    messages += 1
-                    total_bytes += len(message.value or b"")
-                    per_partition[tp.partition] += 1
-                    decoded = decode_event(message.value or b"")
-                    if decoded.event is None:
-                        assert decoded.reason is not None
-                        dead.append(
-                            DeadLetter(
-                                source=topic,
-                                partition=tp.partition,
-                                offset=message.offset,
-                                reason=decoded.reason,
-                                payload=message.value or b"",
-                            )
-                        )
-                        continue
-                    event = decoded.event
-                    # Per-user order within a partition is what keying buys us.
-                    user, millis = event["user_id"], event["event_time"]
-                    if millis < last_time.get(user, millis):
-                        out_of_order.add(user)
-                    last_time[user] = millis
-                    records.append(event)
+                    tally.add(tp.partition, message)
             if ends is None and consumer.assignment():
                 ends = consumer.end_offsets(list(consumer.assignment()))
         consumer.commit()
     finally:
         consumer.close()
-    if dead and dead_letter_topic:
-        # The value is the original bytes, cut only where the topic is smaller.
-        limit = max_message_bytes(settings, dead_letter_topic)
-        producer = KafkaProducer(**settings.producer_config(max_request_size=limit))
-        try:
-            for letter in dead:
-                copy = letter.truncated_to(limit - RECORD_OVERHEAD_BYTES)
-                producer.send(
-                    dead_letter_topic, value=copy.payload, headers=copy.kafka_headers()
-                )
-            producer.flush()
-        finally:
-            producer.close()
+    if tally.dead and dead_letter_topic:
+        _copy_dead_letters(settings, dead_letter_topic, tally.dead)
     return ConsumeReport(
-        events=events_from_records(records),
-        dead_letters=dead,
-        messages=messages,
-        bytes=total_bytes,
+        events=events_from_records(tally.records),
+        dead_letters=tally.dead,
+        messages=tally.messages,
+        bytes=tally.bytes,
         seconds=time.monotonic() - start,
-        per_partition=per_partition,
-        out_of_order_users=len(out_of_order),
+        per_partition=tally.per_partition,
+        out_of_order_users=len(tally.out_of_order),
     )
+
+
+@dataclass
+class _ReadTally:
+    """What :func:`read_events` has read of ``topic`` so far."""
+
+    topic: str
+    records: list[dict[str, Any]] = field(default_factory=list)
+    dead: list[DeadLetter] = field(default_factory=list)
+    per_partition: Counter[int] = field(default_factory=Counter)
+    last_time: dict[int, int] = field(default_factory=dict)
+    out_of_order: set[int] = field(default_factory=set)
+    messages: int = 0
+    bytes: int = 0
+
+    def add(self, partition: int, message: Any) -> None:
+        """Count one message; keep its event, or its dead letter."""
+        payload = message.value or b""
+        self.messages += 1
+        self.bytes += len(payload)
+        self.per_partition[partition] += 1
+        decoded = decode_event(payload)
+        if decoded.event is None:
+            assert decoded.reason is not None
+            self.dead.append(
+                DeadLetter(
+                    source=self.topic,
+                    partition=partition,
+                    offset=message.offset,
+                    reason=decoded.reason,
+                    payload=payload,
+                )
+            )
+            return
+        event = decoded.event
+        # Per-user order within a partition is what keying buys us.
+        user, millis = event["user_id"], event["event_time"]
+        if millis < self.last_time.get(user, millis):
+            self.out_of_order.add(user)
+        self.last_time[user] = millis
+        self.records.append(event)
+
+
+def _copy_dead_letters(
+    settings: KafkaSettings, topic: str, letters: list[DeadLetter]
+) -> None:
+    """Send each letter to ``topic``: its message's bytes as the value, cut
+    only where the topic takes less, its fields in the headers."""
+    limit = max_message_bytes(settings, topic)
+    producer = settings.producer(max_request_size=limit)
+    try:
+        for letter in letters:
+            copy = letter.truncated_to(limit - RECORD_OVERHEAD_BYTES)
+            producer.send(topic, value=copy.payload, headers=copy.kafka_headers())
+        producer.flush()
+    finally:
+        producer.close()

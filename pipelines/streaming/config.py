@@ -1,4 +1,5 @@
-"""The streaming job's timing rules, one frozen value shared by every stage."""
+"""The streaming job's timing rules, one frozen value shared by every stage,
+and the namespace of the stages' Beam counters."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from features.events import CLICK_WINDOW, CONVERSION_WINDOW
 from features.feature_tables import USER_SEQUENCE_LENGTH
 
 DAY_MS: Final = 86_400_000
+METRICS_NAMESPACE: Final = "gem.stream"
+"""Where every stage of the streaming job counts (``stream_summary.json``)."""
 LABEL_WINDOW_MS: Final = int(
     max(CLICK_WINDOW, CONVERSION_WINDOW).total_seconds() * 1000
 )

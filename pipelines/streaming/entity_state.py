@@ -39,41 +39,44 @@ from apache_beam.utils.timestamp import Timestamp
 from features.duplicates import copy_digests
 from features.feature_tables import FEATURE_TABLES
 from features.registry import COUNTER_ACTIONS
-from pipelines.batch.arrow import IntArray, shard_of, split_by_shard, to_int64
-from pipelines.batch.counters import entity_counters
-from pipelines.core.kernels import drop_losing_copies, losing_copies
+from pipelines.core.columns import IntArray, to_int64
+from pipelines.core.counters import (
+    ENTITY_KINDS,
+    counter_action_codes,
+    counter_table,
+    entity_counters,
+)
+from pipelines.core.event_copies import drop_losing_copies, losing_copies
+from pipelines.core.ordering import first_of_each
+from pipelines.core.shards import shard_of, split_by_shard
 from pipelines.streaming.config import COUNTER_HORIZON_MS, StreamConfig
 from pipelines.streaming.event_ids import WINNERS, compact_winners, winners_of
 from pipelines.streaming.state_mirror import TOKEN as MIRROR_TOKEN
 from pipelines.streaming.state_mirror import MirroredState, StateMirror
 from pipelines.streaming.tables import (
     ENTITY_EVENT_SCHEMA,
-    ENTITY_KINDS,
+    PUSH,
     answer_schema,
     ceil_to,
     concatenated,
     due_for_compaction,
-    first_copies,
     state_bytes,
     state_table,
 )
 
-PUSH: Final = "push"
 _IMPRESSION: Final = COUNTER_ACTIONS.index("impression") + 1
 
 
 def entity_rows(events: pa.Table, kind: str) -> pa.Table:
     """The ad events of a batch as ``kind`` rows (ENTITY_EVENT_SCHEMA)."""
-    index = to_int64(
-        pc.index_in(events.column("action"), value_set=pa.array(COUNTER_ACTIONS)), -1
-    )
-    ads = events.filter(pa.array(index >= 0))
+    codes = counter_action_codes(events.column("action"))
+    ads = events.filter(pa.array(codes > 0))
     return pa.table(
         {
             "event_id": ads.column("event_id"),
             "entity_id": pa.array(to_int64(ads.column(f"{kind}_id")), pa.int64()),
             "time_ms": pa.array(to_int64(ads.column("event_time")), pa.int64()),
-            "action": pa.array(index[index >= 0] + 1, pa.int64()),
+            "action": pa.array(codes[codes > 0], pa.int64()),
             "user_id": ads.column("user_id"),
             "published_ms": ads.column("published_ms"),
             "digest": pa.array(copy_digests(ads), pa.string()),
@@ -149,7 +152,7 @@ def distinct_rows(rows: pa.Table, winners: pa.Table | None) -> pa.Table:
     the first of identical copies."""
     if winners is not None:
         rows = drop_losing_copies(rows, winners, time_column="time_ms")
-    return rows.take(pa.array(first_copies(rows.column("event_id"))))
+    return rows.take(pa.array(first_of_each(rows.column("event_id"))))
 
 
 def entity_push_rows(
@@ -161,9 +164,8 @@ def entity_push_rows(
     mine = distinct_rows(mine, winners)
     ids = to_int64(mine.column("entity_id"))
     times = to_int64(mine.column("time_ms"))
-    spec = FEATURE_TABLES[f"{kind}_counters"].schema
     if ids.size == 0:
-        return spec.empty_table()
+        return FEATURE_TABLES[f"{kind}_counters"].schema.empty_table()
     order = np.lexsort((times, ids))
     last = np.r_[ids[order][1:] != ids[order][:-1], True]
     query_ids = ids[order][last]
@@ -171,15 +173,7 @@ def entity_push_rows(
     counters = entity_counters(
         kind, ids, times, to_int64(mine.column("action")), query_ids, query_times
     )
-    return pa.table(
-        {
-            spec.names[0]: pa.array(query_ids, pa.int64()),
-            "event_timestamp": pa.array(query_times, pa.int64()).cast(
-                spec.field("event_timestamp").type
-            ),
-            **{n: pa.array(v, pa.float32()) for n, v in counters.items()},
-        }
-    ).cast(spec)
+    return counter_table(kind, query_ids, query_times, counters)
 
 
 # State and timers (module-level: Beam finds them in the defaults).

@@ -3,13 +3,13 @@
 Copies of one event_id may sit under different users (so in different user
 shards) or at different times (so in different entity shards); no user or
 entity shard sees them all. This stage, keyed by a hash of the event_id
-(:func:`pipelines.core.kernels.id_buckets`), keeps ``(event_id, user_id,
+(:func:`pipelines.core.event_copies.id_buckets`), keeps ``(event_id, user_id,
 event_time, digest)`` of every copy it has seen and, whenever a batch brings
 a copy of an id whose copies differ, sends the winning copy's key
-(:func:`pipelines.core.kernels.copy_winners`, the contract of
+(:func:`pipelines.core.event_copies.copy_winners`, the contract of
 :mod:`features.duplicates`) to the user shard of each user holding a copy
 and to every entity shard; those drop the other copies before they release
-anything (:func:`pipelines.core.kernels.drop_losing_copies`). Copies that
+anything (:func:`pipelines.core.event_copies.drop_losing_copies`). Copies that
 differ only in an ad field are settled too, although they meet in one user
 shard: they may sit in two ad shards.
 
@@ -56,18 +56,19 @@ from apache_beam.transforms.userstate import (
 from apache_beam.utils.timestamp import Timestamp
 
 from features.duplicates import DUPLICATE_HORIZON_MS
-from pipelines.batch.arrow import shard_of, split_by_shard, to_int64
-from pipelines.core.kernels import (
+from pipelines.core.columns import dictionary_codes, to_int64
+from pipelines.core.counters import ENTITY_KINDS
+from pipelines.core.event_copies import (
     DIGEST_PROJECTION_SCHEMA,
     copy_winners,
     id_buckets,
     id_projection,
 )
-from pipelines.streaming.config import StreamConfig
+from pipelines.core.shards import shard_of, split_by_shard
+from pipelines.streaming.config import METRICS_NAMESPACE, StreamConfig
 from pipelines.streaming.state_mirror import TOKEN as MIRROR_TOKEN
 from pipelines.streaming.state_mirror import StateMirror
 from pipelines.streaming.tables import (
-    ENTITY_KINDS,
     ceil_to,
     concatenated,
     due_for_compaction,
@@ -75,7 +76,6 @@ from pipelines.streaming.tables import (
     state_table,
 )
 
-METRICS_NAMESPACE: Final = "gem.stream"
 WINNERS: Final = "winners"
 """The kind of the notices, in the user and entity shards' inputs."""
 ENTITY_NOTICES: Final = "entity_notices"
@@ -195,8 +195,7 @@ def forget_ids(seen: pa.Table, fire: int, config: StreamConfig) -> pa.Table:
     ``fire`` or before (every copy of an id goes together)."""
     if seen.num_rows == 0:
         return seen
-    ids = seen.column("event_id").combine_chunks()
-    codes = np.asarray(pc.dictionary_encode(ids).indices.to_numpy(), dtype=np.int64)
+    codes = dictionary_codes(seen.column("event_id"))
     times = to_int64(seen.column("event_time"))
     earliest = np.full(int(codes.max()) + 1, np.iinfo(np.int64).max, dtype=np.int64)
     np.minimum.at(earliest, codes, times)

@@ -6,7 +6,7 @@ this DoFn writes them, once per table per bundle, to the feature views the
 repository's push source of the table (``<table>_push``) feeds: what
 ``store.push`` does, with the views looked up once per worker instead of in
 the registry on every push, and the rows encoded and written by the feature
-engine's writer (:func:`pipelines.feast.engine.online_writer`: Feast's
+engine's writer (:func:`pipelines.feast.writers.online_writer`: Feast's
 serialized values and layout, byte for byte, for SQLite and Redis alike).
 The repository asks no feature service to precompute vectors, the one other
 thing a push does.
@@ -38,10 +38,10 @@ import numpy as np
 import pyarrow as pa
 from apache_beam.metrics import Metrics
 
-from pipelines.batch.arrow import to_int64
+from pipelines.core.columns import to_int64
+from pipelines.streaming.config import METRICS_NAMESPACE
 from pipelines.streaming.tables import state_table
 
-METRICS_NAMESPACE: Final = "gem.stream"
 SAMPLE: Final = 256
 
 
@@ -74,7 +74,7 @@ class PushToFeastFn(beam.DoFn):  # type: ignore[misc]
 
     def setup(self) -> None:
         """Open the feature store (its registry must already be applied)."""
-        from pipelines.feast.engine import online_writer
+        from pipelines.feast.writers import online_writer
 
         self._store = open_store(self._env, self._state_dir, self._project)
         self._writer = online_writer(
@@ -98,7 +98,7 @@ class PushToFeastFn(beam.DoFn):  # type: ignore[misc]
 
     def finish_bundle(self) -> None:
         """One write per table; then the freshness samples."""
-        from pipelines.feast.engine import join_keys_of
+        from pipelines.feast.writers import join_keys_of
 
         for table, pieces in self._pending.items():
             rows = newest_per_entity(pa.concat_tables(pieces))

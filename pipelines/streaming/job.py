@@ -28,11 +28,11 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
 import apache_beam as beam
-from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import (
     DebugOptions,
     PipelineOptions,
@@ -40,24 +40,28 @@ from apache_beam.options.pipeline_options import (
     StandardOptions,
 )
 
-from features.kafka import ensure_topics
+from features.kafka import KafkaSettings, ensure_topics
 from pipelines.batch.options import GemBuildOptions, kafka_settings
-from pipelines.batch.runner import prism_location, runner_name, use_local_prism
-from pipelines.streaming.config import StreamConfig
-from pipelines.streaming.entity_state import PUSH, EntityShardFn, route_entity_rows
+from pipelines.batch.runner import (
+    job_counters,
+    prism_location,
+    runner_name,
+    use_local_prism,
+)
+from pipelines.streaming.config import METRICS_NAMESPACE, StreamConfig
+from pipelines.streaming.entity_state import EntityShardFn, route_entity_rows
 from pipelines.streaming.event_ids import ENTITY_NOTICES, EventIdFn, id_elements
 from pipelines.streaming.feast_push import PushToFeastFn, check_push_target
 from pipelines.streaming.flags import add_streaming_arguments
 from pipelines.streaming.kafka_source import (
     DEAD_LETTERS,
     MARKS,
-    METRICS_NAMESPACE,
     EventBatch,
     ReadEventStream,
 )
 from pipelines.streaming.offsets import CommitOffsetsFn, Mark
 from pipelines.streaming.publish import PublishDeadLettersFn, PublishExampleMessagesFn
-from pipelines.streaming.tables import state_bytes
+from pipelines.streaming.tables import PUSH, state_bytes
 from pipelines.streaming.user_state import UserShardFn, shard_events
 
 Keyed = tuple[int, tuple[str, bytes]]
@@ -102,11 +106,49 @@ def _id_elements(batch: EventBatch, shards: int) -> list[tuple[int, bytes]]:
     return id_elements(batch.events, shards)
 
 
+@dataclass(frozen=True)
+class _Job:
+    """What the flags ask of one run, checked."""
+
+    build: Any
+    stream: Any
+    settings: KafkaSettings
+    config: StreamConfig
+    dead_topic: str
+    push: bool
+
+
 def run(argv: list[str] | None = None) -> dict[str, Any]:
     """Run the streaming job (until cancelled, or idle in a bounded run)."""
     options = PipelineOptions(argv)
     options.view_as(StandardOptions).streaming = True
     choose_streaming_runner(options)
+    job = _checked_job(options)
+    ensure_topics(
+        job.settings, {job.build.examples_topic: job.config.shards, job.dead_topic: 1}
+    )
+    started = time.monotonic()
+    pipeline = beam.Pipeline(options=options)
+    _add_stages(pipeline, job)
+    result = pipeline.run()
+    result.wait_until_finish()
+    summary = {
+        "runner": runner_name(options),
+        "prism": prism_location(options),
+        "counts": job_counters(result, METRICS_NAMESPACE),
+        "seconds": round(time.monotonic() - started, 3),
+        "examples_topic": job.build.examples_topic,
+        "dead_letter_topic": job.dead_topic,
+    }
+    if job.build.output:
+        out = Path(job.build.output)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "stream_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def _checked_job(options: PipelineOptions) -> _Job:
+    """The run the flags describe; a flag missing or wrong exits naming it."""
     build = options.view_as(GemBuildOptions)
     stream = options.view_as(StreamingOptions)
     if not (build.events_topic and build.examples_topic and build.input):
@@ -117,9 +159,6 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
     settings = kafka_settings(build)
     if settings.bootstrap is None:
         raise SystemExit("--streaming needs --kafka-bootstrap HOST:PORT")
-    config = stream_config(options)
-    dead_topic = stream.dead_letter_topic or f"{build.events_topic}.dead-letter"
-    ensure_topics(settings, {build.examples_topic: config.shards, dead_topic: 1})
     push = bool(stream.feast_state_dir or stream.feast_env)
     if push:
         try:
@@ -128,11 +167,21 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
             )
         except ValueError as error:
             raise SystemExit(str(error)) from None
-    started = time.monotonic()
+    return _Job(
+        build=build,
+        stream=stream,
+        settings=settings,
+        config=stream_config(options),
+        dead_topic=stream.dead_letter_topic or f"{build.events_topic}.dead-letter",
+        push=push,
+    )
 
-    pipeline = beam.Pipeline(options=options)
+
+def _add_stages(pipeline: beam.Pipeline, job: _Job) -> None:
+    """The job's stages (see the module docstring)."""
+    build, stream, config = job.build, job.stream, job.config
     read = pipeline | "ReadEventStream" >> ReadEventStream(
-        settings,
+        job.settings,
         build.events_topic,
         group_id=build.kafka_group_id,
         out_of_orderness_ms=stream.out_of_orderness_ms,
@@ -141,6 +190,44 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
         now_ms=build.now_ms,
         from_committed=stream.stream_start == "committed",
     )
+    user, entity = _add_state_stages(read, job)
+    published = user.messages | "PublishExamples" >> beam.ParDo(
+        PublishExampleMessagesFn(job.settings, build.examples_topic, config.max_seq_len)
+    ).with_output_types(Mark)
+    # The committer reads the publisher's (empty) output too: its watermark
+    # then waits for every release to be on the topic (see .offsets).
+    _ = (
+        (
+            read[MARKS] | "TypeMarks" >> beam.Map(_same).with_output_types(Mark),
+            published,
+        )
+        | "MarksAfterPublish" >> beam.Flatten()
+        | "CommitOffsets"
+        >> beam.ParDo(CommitOffsetsFn(job.settings, build.kafka_group_id, config))
+    )
+    _ = read[DEAD_LETTERS] | "PublishDeadLetters" >> beam.ParDo(
+        PublishDeadLettersFn(job.settings, job.dead_topic)
+    )
+    if job.push:
+        _ = (
+            (user[PUSH], entity[PUSH])
+            | "AllPushRows" >> beam.Flatten()
+            | "PushToFeast"
+            >> beam.ParDo(
+                PushToFeastFn(
+                    stream.feast_env,
+                    stream.feast_state_dir,
+                    stream.feast_project,
+                    stream.freshness_jsonl,
+                )
+            )
+        )
+
+
+def _add_state_stages(read: Any, job: _Job) -> tuple[Any, Any]:
+    """The stateful stages after the reader: the id stage, the entity shards
+    and the user shards; the outputs of the last two."""
+    config = job.config
     event_ids = (
         read.events
         | "ShardById"
@@ -161,7 +248,9 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
         )
         | "RowsAndNotices" >> beam.Flatten()
         | "EntityCounters"
-        >> beam.ParDo(EntityShardFn(config, push)).with_outputs(PUSH, main="answers")
+        >> beam.ParDo(EntityShardFn(config, job.push)).with_outputs(
+            PUSH, main="answers"
+        )
     )
     users = read.events | "ShardByUser" >> beam.FlatMap(
         _user_elements, config.shards
@@ -175,57 +264,11 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
         )
         | "EventsAndAnswers" >> beam.Flatten()
         | "UserHistory"
-        >> beam.ParDo(UserShardFn(config, build.input, push)).with_outputs(
+        >> beam.ParDo(UserShardFn(config, job.build.input, job.push)).with_outputs(
             PUSH, main="messages"
         )
     )
-    published = user.messages | "PublishExamples" >> beam.ParDo(
-        PublishExampleMessagesFn(settings, build.examples_topic, config.max_seq_len)
-    ).with_output_types(Mark)
-    # The committer reads the publisher's (empty) output too: its watermark
-    # then waits for every release to be on the topic (see .offsets).
-    _ = (
-        (
-            read[MARKS] | "TypeMarks" >> beam.Map(_same).with_output_types(Mark),
-            published,
-        )
-        | "MarksAfterPublish" >> beam.Flatten()
-        | "CommitOffsets"
-        >> beam.ParDo(CommitOffsetsFn(settings, build.kafka_group_id, config))
-    )
-    _ = read[DEAD_LETTERS] | "PublishDeadLetters" >> beam.ParDo(
-        PublishDeadLettersFn(settings, dead_topic)
-    )
-    if push:
-        _ = (
-            (user[PUSH], entity[PUSH])
-            | "AllPushRows" >> beam.Flatten()
-            | "PushToFeast"
-            >> beam.ParDo(
-                PushToFeastFn(
-                    stream.feast_env,
-                    stream.feast_state_dir,
-                    stream.feast_project,
-                    stream.freshness_jsonl,
-                )
-            )
-        )
-    result = pipeline.run()
-    result.wait_until_finish()
-    counts = _counters(result)
-    summary = {
-        "runner": runner_name(options),
-        "prism": prism_location(options),
-        "counts": counts,
-        "seconds": round(time.monotonic() - started, 3),
-        "examples_topic": build.examples_topic,
-        "dead_letter_topic": dead_topic,
-    }
-    if build.output:
-        out = Path(build.output)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "stream_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    return summary
+    return user, entity
 
 
 BATCH_ONLY_RUNNERS: Final = frozenset({"FnApiRunner", "BundleBasedDirectRunner"})
@@ -256,7 +299,7 @@ def choose_streaming_runner(options: PipelineOptions) -> None:
         return
     options.view_as(StandardOptions).runner = "PrismRunner"
     # Prism splits a slow bundle of a stateful stage, and a split bundle with
-    # timers can fire them twice or out of order (apache/beam#35771). The
+    # timers can fire them twice or out of order (a Beam Prism bug). The
     # reader checkpoints itself, so the job needs no split at all.
     debug = options.view_as(DebugOptions)
     if PRISM_NO_SPLITS not in (debug.experiments or []):
@@ -275,16 +318,3 @@ def choose_streaming_runner(options: PipelineOptions) -> None:
 def _same(element: Any) -> Any:
     """Identity, applied with a type hint (keys must have a deterministic coder)."""
     return element
-
-
-def _counters(result: Any) -> dict[str, int]:
-    query = result.metrics().query(MetricsFilter().with_namespace(METRICS_NAMESPACE))
-    found: dict[str, int] = {}
-    for counter in query["counters"]:
-        value = (
-            counter.committed if counter.committed is not None else counter.attempted
-        )
-        found[counter.key.metric.name] = found.get(counter.key.metric.name, 0) + int(
-            value or 0
-        )
-    return found

@@ -8,13 +8,9 @@ checkpoints the positions between calls, which is how an unbounded source
 runs on Prism, Flink and Dataflow alike. A bounded run (``idle_seconds``)
 ends the restriction once the whole topic has been idle.
 
-Why one restriction for all partitions: the source's watermark is the
-minimum over the partitions of ``max event time seen - out_of_orderness``
-(:class:`PartitionWatermarks`), and that minimum can only be taken where all
-partitions are read. With one restriction per partition the runner would
-have to combine their estimates; Prism keeps the estimate of the bundle it
-finished last, which lets one partition running ahead move every timer
-downstream past events another partition has not delivered yet.
+One restriction holds every partition, so that the source's watermark, the
+minimum over the partitions of ``max event time seen - out_of_orderness``,
+is taken where all of them are read (:mod:`.topic_positions`).
 
 Each poll is decoded and validated (:func:`features.events.decode_event`)
 right here, because the watermark is event time. An event is
@@ -48,21 +44,24 @@ from typing import Any, Final
 import apache_beam as beam
 import pyarrow as pa
 from apache_beam import pvalue
-from apache_beam.io.iobase import (
-    RestrictionProgress,
-    RestrictionTracker,
-    WatermarkEstimator,
-)
 from apache_beam.metrics import Metrics
-from apache_beam.transforms.core import RestrictionProvider, WatermarkEstimatorProvider
 from apache_beam.utils.timestamp import Duration, Timestamp
 
 from features.deadletter import DeadLetter
 from features.events import EVENT_SCHEMA, decode_event, now_ms
 from features.kafka import KafkaSettings
+from pipelines.streaming.config import METRICS_NAMESPACE
 from pipelines.streaming.tables import STREAM_EVENT_SCHEMA
+from pipelines.streaming.topic_positions import (
+    END,
+    PartitionWatermarks,
+    TopicPositions,
+    TopicPositionsTracker,
+    TopicRead,
+    TopicRestrictions,
+    WatermarksProvider,
+)
 
-METRICS_NAMESPACE: Final = "gem.stream"
 DEAD_LETTERS: Final = "dead_letters"
 MARKS: Final = "marks"
 EVENTS: Final = "events"
@@ -79,29 +78,6 @@ of it on the connection takes up to 0.5 s) counts as the broker being quiet
 MAX_SLOW_PROBES: Final = 3
 """... up to this many times in a row: a broker that is always that slow (an
 overloaded machine) must not keep a bounded run from ever finishing."""
-END: Final = "end"
-"""The claim that finishes a bounded run's restriction."""
-
-
-@dataclass(frozen=True)
-class TopicRead:
-    """What to read: a topic, from an offset per partition (the SDF's element)."""
-
-    topic: str
-    starts: tuple[tuple[int, int], ...]
-    """``(partition, first offset)``, by partition."""
-
-
-@dataclass(frozen=True)
-class TopicPositions:
-    """The restriction: the next offset of each partition.
-
-    ``finished`` marks the part already read: after a checkpoint or at the
-    end of a bounded run, nothing in it is left to claim.
-    """
-
-    next: tuple[tuple[int, int], ...]
-    finished: bool = False
 
 
 @dataclass(frozen=True)
@@ -117,135 +93,8 @@ class EventBatch:
     events: pa.Table
 
 
-class TopicPositionsTracker(RestrictionTracker):  # type: ignore[misc]
-    """Claims ``(partition, offset)`` in order per partition, or :data:`END`.
-
-    The runner may checkpoint it at the current positions (a split at
-    fraction 0); it cannot split it by fraction: a remainder that never ends
-    has no half.
-    """
-
-    def __init__(self, restriction: TopicPositions) -> None:
-        self._restriction = restriction
-        self._next = dict(restriction.next)
-        self._stopped = restriction.finished
-
-    def current_restriction(self) -> TopicPositions:
-        return self._restriction
-
-    def try_claim(self, position: Any) -> bool:
-        if self._stopped:
-            return False
-        if position == END:
-            self._stop()
-            return True
-        partition, offset = position
-        if offset < self._next[partition]:
-            raise ValueError(
-                f"offset {offset} of partition {partition} claimed after "
-                f"{self._next[partition]}"
-            )
-        self._next[partition] = offset + 1
-        return True
-
-    def try_split(self, fraction_of_remainder: float) -> Any:
-        if self._stopped or fraction_of_remainder > 0:
-            return None
-        residual = TopicPositions(tuple(sorted(self._next.items())))
-        return self._stop(), residual
-
-    def _stop(self) -> TopicPositions:
-        self._stopped = True
-        self._restriction = TopicPositions(
-            tuple(sorted(self._next.items())), finished=True
-        )
-        return self._restriction
-
-    def check_done(self) -> None:
-        if not self._stopped:
-            raise ValueError("the topic read ended neither deferred nor finished")
-
-    def current_progress(self) -> RestrictionProgress:
-        # No fraction of a remainder that never ends is done; counts of
-        # claimed records here made the SDK's split arithmetic NaN.
-        return RestrictionProgress(fraction=0.0)
-
-    def is_bounded(self) -> bool:
-        return False
-
-
-class _TopicRestrictions(RestrictionProvider):  # type: ignore[misc]
-    """The element's start offsets; never split (see the module docstring)."""
-
-    def initial_restriction(self, element: TopicRead) -> TopicPositions:
-        return TopicPositions(element.starts)
-
-    def create_tracker(self, restriction: TopicPositions) -> TopicPositionsTracker:
-        return TopicPositionsTracker(restriction)
-
-    def restriction_size(self, element: TopicRead, restriction: TopicPositions) -> int:
-        return 1  # unknown
-
-    def split(self, element: TopicRead, restriction: TopicPositions) -> Iterator[Any]:
-        yield restriction
-
-
-PartitionState = tuple[tuple[int, int | None], ...]
-"""``((partition, mark ms or None), ...)``."""
-
-
-class PartitionWatermarks(WatermarkEstimator):  # type: ignore[misc]
-    """The source's watermark: the minimum of the partitions' marks.
-
-    A partition's mark is its newest event time minus the out-of-orderness,
-    never moving back. Every partition counts, also a quiet one: a partition
-    is quiet alike when its producers are and when the broker is away, and
-    taking the second for the first would make what it then delivers late.
-    So a partition that never gets events holds the stream back (a bounded
-    run still ends). The marks travel with the checkpointed restriction.
-    """
-
-    def __init__(self, state: PartitionState) -> None:
-        self._marks = dict(state)
-
-    def advance(self, partition: int, mark: int) -> None:
-        """Raise a partition's mark (ms) to ``mark``."""
-        current = self._marks.get(partition)
-        if current is None or mark > current:
-            self._marks[partition] = mark
-
-    def mark_ms(self) -> int | None:
-        """The watermark in ms, or None while a partition has no mark."""
-        marks = list(self._marks.values())
-        if not marks or any(mark is None for mark in marks):
-            return None
-        return min(mark for mark in marks if mark is not None)
-
-    def current_watermark(self) -> Timestamp | None:
-        mark = self.mark_ms()
-        return None if mark is None else Timestamp(micros=mark * 1000)
-
-    def observe_timestamp(self, timestamp: Timestamp) -> None:
-        pass  # the marks are set by the reader, not by output timestamps
-
-    def get_estimator_state(self) -> PartitionState:
-        return tuple(sorted(self._marks.items()))
-
-
-class _WatermarksProvider(WatermarkEstimatorProvider):  # type: ignore[misc]
-    def initial_estimator_state(
-        self, element: TopicRead, restriction: TopicPositions
-    ) -> PartitionState:
-        return tuple((p, None) for p, _ in element.starts)
-
-    def create_watermark_estimator(
-        self, estimator_state: PartitionState
-    ) -> PartitionWatermarks:
-        return PartitionWatermarks(estimator_state)
-
-
-_RESTRICTION = beam.DoFn.RestrictionParam(_TopicRestrictions())
-_WATERMARK = beam.DoFn.WatermarkEstimatorParam(_WatermarksProvider())
+_RESTRICTION = beam.DoFn.RestrictionParam(TopicRestrictions())
+_WATERMARK = beam.DoFn.WatermarkEstimatorParam(WatermarksProvider())
 
 
 class ReadTopicFn(beam.DoFn):  # type: ignore[misc]
@@ -302,15 +151,13 @@ class ReadTopicFn(beam.DoFn):  # type: ignore[misc]
 
     def _consumer_at(self, topic: str, positions: TopicPositions) -> Any:
         """The consumer (kept across calls), at the restriction's offsets."""
-        from kafka import KafkaConsumer, TopicPartition
+        from kafka import TopicPartition
 
         if self._consumer is None:
-            self._consumer = KafkaConsumer(
-                **self._settings.consumer_config(
-                    group_id=self._group_id,
-                    enable_auto_commit=False,
-                    max_partition_fetch_bytes=8 * 1024 * 1024,
-                )
+            self._consumer = self._settings.consumer(
+                group_id=self._group_id,
+                enable_auto_commit=False,
+                max_partition_fetch_bytes=8 * 1024 * 1024,
             )
             self._consumer.assign([TopicPartition(topic, p) for p, _ in positions.next])
             for partition, offset in positions.next:
@@ -582,12 +429,10 @@ class StartOf(beam.DoFn):  # type: ignore[misc]
 
     def process(self, topic: str) -> Iterator[TopicRead]:
         """Ask the cluster for the partitions and the group's offsets."""
-        from kafka import KafkaConsumer, TopicPartition
+        from kafka import TopicPartition
 
-        consumer = KafkaConsumer(
-            **self._settings.consumer_config(
-                group_id=self._group_id, enable_auto_commit=False
-            )
+        consumer = self._settings.consumer(
+            group_id=self._group_id, enable_auto_commit=False
         )
         try:
             partitions = consumer.partitions_for_topic(topic)

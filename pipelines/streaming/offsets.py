@@ -21,7 +21,7 @@ on the example-id ledger (:mod:`.publish`) instead.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any, Final
+from typing import Any
 
 import apache_beam as beam
 from apache_beam.coders import TupleCoder, VarIntCoder
@@ -35,9 +35,8 @@ from apache_beam.transforms.userstate import (
 from apache_beam.utils.timestamp import Timestamp
 
 from features.kafka import KafkaSettings
-from pipelines.streaming.config import LABEL_WINDOW_MS, StreamConfig
+from pipelines.streaming.config import LABEL_WINDOW_MS, METRICS_NAMESPACE, StreamConfig
 
-METRICS_NAMESPACE: Final = "gem.stream"
 Mark = tuple[str, tuple[int, int]]
 """``("topic/partition", (next offset, newest event time ms))``."""
 
@@ -112,15 +111,13 @@ class CommitOffsetsFn(beam.DoFn):  # type: ignore[misc]
             self._commit(str(key), max(done))
 
     def _commit(self, source: str, offset: int) -> None:
-        from kafka import KafkaConsumer, TopicPartition
+        from kafka import TopicPartition
         from kafka.structs import OffsetAndMetadata
 
         topic, partition = source.rsplit("/", 1)
         if self._consumer is None:
-            self._consumer = KafkaConsumer(
-                **self._settings.consumer_config(
-                    group_id=self._group_id, enable_auto_commit=False
-                )
+            self._consumer = self._settings.consumer(
+                group_id=self._group_id, enable_auto_commit=False
             )
         self._consumer.commit(
             {TopicPartition(topic, int(partition)): OffsetAndMetadata(offset, "", -1)}

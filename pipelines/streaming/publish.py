@@ -38,9 +38,9 @@ from features.example_messages import (
 from features.kafka import KafkaSettings, topic_records
 from features.kafka.topics import RECORD_OVERHEAD_BYTES, max_message_bytes
 from features.windows import timeline_segments
+from pipelines.streaming.config import METRICS_NAMESPACE
 from pipelines.streaming.tables import state_table
 
-METRICS_NAMESPACE: Final = "gem.stream"
 PRODUCER_TUNING: Final = {
     "linger_ms": 5,
     "batch_size": 262_144,
@@ -77,12 +77,8 @@ class PublishExampleMessagesFn(beam.DoFn):  # type: ignore[misc]
 
     def setup(self) -> None:
         """The producer, and the ledger of what the topic already holds."""
-        from kafka import KafkaProducer
-
         self._published = published_example_ids(self._settings, self._topic)
-        self._producer = KafkaProducer(
-            **self._settings.producer_config(**PRODUCER_TUNING)
-        )
+        self._producer = self._settings.producer(**PRODUCER_TUNING)
 
     def process(self, element: tuple[int, bytes, bytes]) -> Iterator[Any]:
         """Publish the examples not yet on the topic."""
@@ -138,12 +134,10 @@ class PublishDeadLettersFn(beam.DoFn):  # type: ignore[misc]
 
     def setup(self) -> None:
         """One producer per worker, allowed the topic's largest record."""
-        from kafka import KafkaProducer
-
         limit = max_message_bytes(self._settings, self._topic)
         self._max_line_bytes = limit - RECORD_OVERHEAD_BYTES
         tuning = {**PRODUCER_TUNING, "max_request_size": limit}
-        self._producer = KafkaProducer(**self._settings.producer_config(**tuning))
+        self._producer = self._settings.producer(**tuning)
 
     def process(self, line: str) -> Iterator[Any]:
         """Send one dead letter."""

@@ -9,20 +9,21 @@ from __future__ import annotations
 
 from typing import Final
 
-import numpy as np
 import pyarrow as pa
 
+from features.arrow_ipc import ipc_to_table, table_to_ipc
 from features.events import EVENT_SCHEMA
 from features.feature_tables import counter_names
-from pipelines.batch.arrow import IntArray, to_int64
+from pipelines.core.columns import IntArray, to_int64
+
+PUSH: Final = "push"
+"""The tagged output of the stateful stages that carries online rows for Feast."""
 
 STREAM_EVENT_SCHEMA: Final = EVENT_SCHEMA.append(
     pa.field("published_ms", pa.int64(), False, {"doc": "Kafka record time (ms)"})
 )
 """Valid events as the reader emits them: the event plus when it was published
 (the Kafka record timestamp), which the freshness figures start from."""
-
-ENTITY_KINDS: Final = ("ad", "advertiser")
 
 ENTITY_EVENT_SCHEMA: Final = pa.schema(
     [
@@ -55,20 +56,14 @@ def answer_schema(kind: str) -> pa.Schema:
     )
 
 
-_PLAIN: Final = pa.ipc.IpcWriteOptions(compression=None)
-
-
 def state_bytes(table: pa.Table) -> bytes:
     """A table as uncompressed IPC (cheap to write, zero-copy to read)."""
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema, options=_PLAIN) as writer:
-        writer.write_table(table)
-    return bytes(sink.getvalue())
+    return table_to_ipc(table, compression=None)
 
 
 def state_table(data: bytes) -> pa.Table:
     """Inverse of :func:`state_bytes` (also reads compressed IPC)."""
-    return pa.ipc.open_stream(pa.py_buffer(data)).read_all()
+    return ipc_to_table(data)
 
 
 def concatenated(tables: list[pa.Table], schema: pa.Schema) -> pa.Table:
@@ -103,13 +98,3 @@ def ceil_to(values: IntArray, granularity: int) -> IntArray:
 def times_ms(table: pa.Table, column: str = "event_time") -> IntArray:
     """A timestamp or int column as epoch-ms int64."""
     return to_int64(table.column(column))
-
-
-def first_copies(ids: pa.ChunkedArray | pa.Array) -> IntArray:
-    """Row indices of the first row of each distinct id, ascending."""
-    array = ids.combine_chunks() if isinstance(ids, pa.ChunkedArray) else ids
-    codes = np.asarray(array.dictionary_encode().indices.to_numpy(), np.int64)
-    if codes.size == 0:
-        return np.zeros(0, dtype=np.int64)
-    _, first = np.unique(codes, return_index=True)
-    return np.sort(first).astype(np.int64)

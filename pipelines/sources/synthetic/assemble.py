@@ -87,7 +87,7 @@ def id_strings(
 ) -> pa.Array:
     """``prefix + zero-padded number`` as an Arrow string array, built in numpy.
 
-    Casting int64 to string in Arrow costs ~0.2 µs per value; fixed-width ids
+    Casting int64 to string in Arrow is slow per value; fixed-width ids
     let us write the UTF-8 bytes and offsets directly, four digits per pass
     (and they sort like the numbers). Null entries take no bytes.
 
@@ -191,26 +191,8 @@ def build_tables(
     Returns:
         The tables and the number of duplicates injected.
     """
-    n_base = base.user.size
-    clicked_imp = outcomes.impression[outcomes.clicked]
-    converted_imp = outcomes.impression[outcomes.converted]
-    n_click, n_conv = clicked_imp.size, converted_imp.size
-    # Every row of the combined list points at a base event to copy context
-    # from: itself for base events, its impression for follow-ups.
-    parent = np.concatenate(
-        [np.arange(n_base, dtype=np.int64), clicked_imp, converted_imp]
-    )
-    times = np.concatenate([base.time_ms, outcomes.click_ms, outcomes.conversion_ms])
-    actions = np.concatenate(
-        [
-            base.action,
-            np.full(n_click, CLICK, dtype=np.int8),
-            np.full(n_conv, CONVERSION, dtype=np.int8),
-        ]
-    )
-    has_parent_impression = np.arange(parent.size) >= n_base
-
-    order = time_order(times)
+    rows = _all_rows(base, outcomes)
+    order = time_order(rows.times)
     number = np.empty(order.size, dtype=np.int64)  # event number = time rank
     number[order] = np.arange(order.size, dtype=np.int64)
 
@@ -218,46 +200,110 @@ def build_tables(
     # right after the original, with the same id.
     dup = rng.random(order.size) < duplicate_rate
     emitted = np.repeat(np.arange(order.size, dtype=np.int64), 1 + dup)
-    rows = order[emitted]
-    src = parent[rows]
+    ids = _Ids(id_prefix(seed), id_digits(order.size))
+    written = order[emitted]
+    events = _event_table(base, ads, rows, written, emitted, number, ids)
+    user = base.user[rows.parent[written]]
+    per_user = np.bincount(user) if written.size else np.zeros(1, dtype=np.int64)
+    return Assembled(
+        events=events,
+        truth=_truth_table(base, outcomes, number, ids),
+        duplicates=int(dup.sum()),
+        counts=_counts(base.domain[rows.parent[written]], rows.actions[written]),
+        max_events_per_user=int(per_user.max()),
+        users_with_events=int(np.count_nonzero(per_user)),
+    )
 
-    digits = id_digits(order.size)
-    prefix = id_prefix(seed)
+
+@dataclass(frozen=True)
+class _Rows:
+    """Base events then follow-ups (clicks, then conversions), unordered."""
+
+    parent: IntArray
+    """The base event each row copies its context from: itself for base
+    events, its impression for follow-ups."""
+    times: IntArray
+    actions: npt.NDArray[np.int8]
+    follow_up: npt.NDArray[np.bool_]
+
+
+@dataclass(frozen=True)
+class _Ids:
+    """How event ids are spelled: a prefix and a fixed number of digits."""
+
+    prefix: str
+    digits: int
+
+    def of(self, numbers: IntArray, valid: np.ndarray | None = None) -> pa.Array:
+        """The ids of event ``numbers`` (null where ``valid`` is False)."""
+        return id_strings(self.prefix, numbers, self.digits, valid=valid)
+
+
+def _all_rows(base: BaseEvents, outcomes: Outcomes) -> _Rows:
+    n_base = base.user.size
+    clicked_imp = outcomes.impression[outcomes.clicked]
+    converted_imp = outcomes.impression[outcomes.converted]
+    parent = np.concatenate(
+        [np.arange(n_base, dtype=np.int64), clicked_imp, converted_imp]
+    )
+    times = np.concatenate([base.time_ms, outcomes.click_ms, outcomes.conversion_ms])
+    actions = np.concatenate(
+        [
+            base.action,
+            np.full(clicked_imp.size, CLICK, dtype=np.int8),
+            np.full(converted_imp.size, CONVERSION, dtype=np.int8),
+        ]
+    )
+    return _Rows(parent, times, actions, np.arange(parent.size) >= n_base)
+
+
+def _event_table(
+    base: BaseEvents,
+    ads: Ads,
+    rows: _Rows,
+    written: IntArray,
+    emitted: IntArray,
+    number: IntArray,
+    ids: _Ids,
+) -> pa.Table:
+    """EVENT_SCHEMA rows of the ``written`` rows (numbered ``emitted``)."""
+    src = rows.parent[written]
     ad = base.ad[src]
     is_ad = ad >= 0
     ad_safe = np.where(is_ad, ad, 0)
     content = base.content[src]  # -1 for impressions and their follow-ups
-    follow_up = has_parent_impression[rows]
+    follow_up = rows.follow_up[written]
     impression_number = np.where(follow_up, number[src], 0)
-    n = rows.size
-    user = base.user[src]
-    domain = base.domain[src]
-    action = actions[rows]
-
     columns = [
-        pa.array(np.ones(n, dtype=np.int16)),
-        id_strings(prefix, emitted, digits),
-        pa.array(times[rows], pa.int64()).cast(EVENT_SCHEMA.field("event_time").type),
-        pa.array(user),
-        vocab_strings(vocab.DOMAINS, domain),
+        pa.array(np.ones(written.size, dtype=np.int16)),
+        ids.of(emitted),
+        pa.array(rows.times[written], pa.int64()).cast(
+            EVENT_SCHEMA.field("event_time").type
+        ),
+        pa.array(base.user[src]),
+        vocab_strings(vocab.DOMAINS, base.domain[src]),
         vocab_strings(vocab.SURFACES, base.surface[src]),
-        vocab_strings(vocab.ACTIONS, action),
+        vocab_strings(vocab.ACTIONS, rows.actions[written]),
         nullable_ints(ad_safe, is_ad),
         nullable_ints(ads.advertiser[ad_safe], is_ad),
         nullable_ints(ads.campaign[ad_safe], is_ad),
         vocab_strings(vocab.AD_FORMATS, ads.ad_format[ad_safe], is_ad),
         vocab_strings(vocab.AD_OBJECTIVES, ads.objective[ad_safe], is_ad),
-        id_strings(prefix, impression_number, digits, valid=follow_up),
+        ids.of(impression_number, valid=follow_up),
         nullable_ints(np.maximum(content, 0), content >= 0),
     ]
-    events = pa.Table.from_arrays(columns, schema=EVENT_SCHEMA)
+    return pa.Table.from_arrays(columns, schema=EVENT_SCHEMA)
 
-    # Truth: one row per impression, in time order like the events.
+
+def _truth_table(
+    base: BaseEvents, outcomes: Outcomes, number: IntArray, ids: _Ids
+) -> pa.Table:
+    """One row per impression, in time order like the events."""
     imp_number = number[outcomes.impression]
     by_time = np.argsort(imp_number)
-    truth = pa.Table.from_arrays(
+    return pa.Table.from_arrays(
         [
-            id_strings(prefix, imp_number[by_time], digits),
+            ids.of(imp_number[by_time]),
             vocab_strings(vocab.DOMAINS, base.domain[outcomes.impression][by_time]),
             pa.array(outcomes.p_click[by_time]),
             pa.array(outcomes.p_conversion[by_time]),
@@ -266,20 +312,17 @@ def build_tables(
         ],
         schema=TRUTH_SCHEMA,
     )
+
+
+def _counts(
+    domain: npt.NDArray[np.int8], action: npt.NDArray[np.int8]
+) -> dict[str, dict[str, int]]:
+    """Events written per domain and action, by name."""
     per_pair = np.bincount(
         domain.astype(np.int64) * len(vocab.ACTIONS) + action,
         minlength=len(vocab.DOMAINS) * len(vocab.ACTIONS),
     ).reshape(len(vocab.DOMAINS), len(vocab.ACTIONS))
-    counts = {
+    return {
         domain: {a: int(per_pair[d, i]) for i, a in enumerate(vocab.ACTIONS)}
         for d, domain in enumerate(vocab.DOMAINS)
     }
-    per_user = np.bincount(user) if n else np.zeros(1, dtype=np.int64)
-    return Assembled(
-        events=events,
-        truth=truth,
-        duplicates=int(dup.sum()),
-        counts=counts,
-        max_events_per_user=int(per_user.max()),
-        users_with_events=int(np.count_nonzero(per_user)),
-    )

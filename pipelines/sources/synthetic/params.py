@@ -79,8 +79,8 @@ class ModelParams:
     click_device_format_sigma: float = 0.2  # device x format effects
     click_hour_amplitude: float = 0.25  # evening peak (cosine, max at 21h UTC)
 
-    # Drift (the freshness scenario; 0 = off, the default, which leaves every
-    # seed's output unchanged): per domain, logit units added to the click
+    # Drift (the freshness scenario; 0 = off, the default, which adds nothing
+    # to any draw): per domain, logit units added to the click
     # and conversion intercepts per day since the start, so base rates move
     # over the days and a model frozen on early days goes out of calibration.
     base_logit_drift_per_day: tuple[float, ...] = (0.0, 0.0, 0.0)

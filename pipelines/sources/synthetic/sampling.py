@@ -2,8 +2,8 @@
 
 The generator draws millions of categorical values whose distribution differs
 row by row (a topic from *this* user's interests, an ad from *this* domain's
-and topic's catalogue). Looping in Python would cost ~1 µs per draw; instead
-every such draw goes through :class:`SegmentSampler`, which lays all the
+and topic's catalogue). A Python loop per draw would dominate the run;
+instead every such draw goes through :class:`SegmentSampler`, which lays all the
 per-group CDFs end to end and answers a whole batch with one
 ``np.searchsorted``.
 """

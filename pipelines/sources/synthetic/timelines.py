@@ -110,8 +110,90 @@ def generate_timelines(
     Returns:
         The base events (before clicks, conversions and duplicates).
     """
+    interests = SegmentSampler.from_matrix(world.users.theta)
+    sessions = _draw_sessions(config, world, interests, rng)
+    ev_session, time_ms = _session_events(config, sessions, rng)
+    n = ev_session.size
+    user = sessions.user[ev_session]
+    domain = sessions.domain[ev_session]
+    intent = sessions.intent[ev_session]
+
+    is_ad = rng.random(n) < np.asarray(config.params.ad_share)[domain]
+    drawn = _Drawn(
+        ad=np.full(n, -1, dtype=np.int64),
+        content=np.full(n, -1, dtype=np.int64),
+        topic=np.empty(n, dtype=np.int64),
+        action=np.full(n, IMPRESSION, dtype=np.int64),
+        is_reel=np.zeros(n, dtype=bool),
+    )
+    context = _Context(config, world, interests, user, domain, intent)
+    _draw_organic(np.flatnonzero(~is_ad), drawn, context, rng)
+    _draw_impressions(np.flatnonzero(is_ad), drawn, context, rng)
+    surface = SegmentSampler.from_matrix(SURFACE_GIVEN_DOMAIN).sample(domain, rng)
+    has_reels = SURFACE_GIVEN_DOMAIN[domain, _S("reels")] > 0
+    to_reels = drawn.is_reel & has_reels & (rng.random(n) < REEL_ON_REELS)
+    surface[to_reels] = _S("reels")
+
+    # Codes are stored as int8: the assembly gathers every column in time
+    # order, and random gathers of 1-byte arrays stay in cache.
+    return BaseEvents(
+        user=user,
+        time_ms=time_ms,
+        domain=domain.astype(np.int8),
+        surface=surface.astype(np.int8),
+        action=drawn.action.astype(np.int8),
+        ad=drawn.ad,
+        content=drawn.content,
+        topic=drawn.topic.astype(np.int8),
+        sessions=sessions.user.size,
+    )
+
+
+@dataclass(frozen=True)
+class _Sessions:
+    """Every user's sessions: whose, how many events, when, in which app and
+    about which topic."""
+
+    user: IntArray
+    length: IntArray
+    start_ms: IntArray
+    domain: IntArray
+    intent: IntArray
+
+
+@dataclass(frozen=True)
+class _Context:
+    """What the per-event draws read: the run's settings and world, the
+    users' interests, and each event's user, domain and session intent."""
+
+    config: GeneratorConfig
+    world: World
+    interests: SegmentSampler
+    user: IntArray
+    domain: IntArray
+    intent: IntArray
+
+
+@dataclass(frozen=True)
+class _Drawn:
+    """Per event, what the organic and impression draws fill in."""
+
+    ad: IntArray
+    content: IntArray
+    topic: IntArray
+    action: IntArray
+    is_reel: npt.NDArray[np.bool_]
+
+
+def _draw_sessions(
+    config: GeneratorConfig,
+    world: World,
+    interests: SegmentSampler,
+    rng: np.random.Generator,
+) -> _Sessions:
+    """Sessions per user by activity, each with a length, a start (day and
+    diurnal hour), a domain from the user's mix and an intent topic."""
     p, users = config.params, world.users
-    # --- sessions ---------------------------------------------------------
     expected = config.days * config.events_per_user_day * users.activity
     per_user = rng.poisson(expected / p.mean_session_events)
     s_user = np.repeat(np.arange(per_user.size, dtype=np.int64), per_user)
@@ -126,17 +208,20 @@ def generate_timelines(
     cum_mix = np.cumsum(users.domain_mix, axis=1)[s_user]
     u = rng.random(n_sessions)
     s_domain = (u > cum_mix[:, 0]).astype(np.int64) + (u > cum_mix[:, 1])
-    interests = SegmentSampler.from_matrix(users.theta)
     s_intent = interests.sample(s_user, rng)
+    return _Sessions(s_user, s_len, s_start, s_domain, s_intent)
 
-    # --- events -----------------------------------------------------------
-    ev_session = np.repeat(np.arange(n_sessions, dtype=np.int64), s_len)
-    n = ev_session.size
-    user = s_user[ev_session]
-    domain = s_domain[ev_session]
-    intent = s_intent[ev_session]
-    # In-session times: a segmented cumulative sum of gaps (first gap is 0).
-    gaps = 1 + rng.exponential(p.mean_gap_ms, n).astype(np.int64)
+
+def _session_events(
+    config: GeneratorConfig, sessions: _Sessions, rng: np.random.Generator
+) -> tuple[IntArray, IntArray]:
+    """Each event's session and time: in-session times are a segmented
+    cumulative sum of gaps (the first gap is 0)."""
+    s_len = sessions.length
+    ev_session = np.repeat(np.arange(s_len.size, dtype=np.int64), s_len)
+    gaps = 1 + rng.exponential(config.params.mean_gap_ms, ev_session.size).astype(
+        np.int64
+    )
     first = np.cumsum(s_len) - s_len  # index of each session's first event
     gaps[first] = 0
     elapsed = np.cumsum(gaps)
@@ -145,68 +230,62 @@ def generate_timelines(
     # events stay inside the period and only clicks and conversions spill over
     # (by less than the conversion window).
     duration = offset[first + s_len - 1]
-    s_start -= np.maximum(s_start + duration - (config.end_ms - 1), 0)
-    time_ms = s_start[ev_session] + offset
+    s_start = sessions.start_ms - np.maximum(
+        sessions.start_ms + duration - (config.end_ms - 1), 0
+    )
+    return ev_session, s_start[ev_session] + offset
 
-    ad_share = np.asarray(p.ad_share)[domain]
-    is_ad = rng.random(n) < ad_share
-    ad = np.full(n, -1, dtype=np.int64)
-    content = np.full(n, -1, dtype=np.int64)
-    topic = np.empty(n, dtype=np.int64)
-    action = np.full(n, IMPRESSION, dtype=np.int64)
-    is_reel = np.zeros(n, dtype=bool)
 
-    # Organic: the session's intent topic, else a long-term interest.
-    org = np.flatnonzero(~is_ad)
+def _draw_organic(
+    org: IntArray, drawn: _Drawn, context: _Context, rng: np.random.Generator
+) -> None:
+    """Organic events ``org``: content of the session's intent topic, else of
+    a long-term interest, and an action by domain."""
     org_topic = _intent_or_interest(
-        intent[org], user[org], p.intent_stickiness, interests, rng
+        context.intent[org],
+        context.user[org],
+        context.config.params.intent_stickiness,
+        context.interests,
+        rng,
     )
     content_group = np.where(
-        world.content_sampler.nonempty[org_topic], org_topic, K_TOPICS
+        context.world.content_sampler.nonempty[org_topic], org_topic, K_TOPICS
     )
-    org_content = world.content_sampler.sample(content_group, rng)
-    content[org] = org_content
-    topic[org] = world.contents.category[org_content]
+    org_content = context.world.content_sampler.sample(content_group, rng)
+    drawn.content[org] = org_content
+    drawn.topic[org] = context.world.contents.category[org_content]
     action_pick = SegmentSampler.from_matrix(ORGANIC_ACTION_GIVEN_DOMAIN).sample(
-        domain[org], rng
+        context.domain[org], rng
     )
-    action[org] = np.asarray(_ORGANIC)[action_pick]
-    is_reel[org] = world.contents.content_type[org_content] == (
+    drawn.action[org] = np.asarray(_ORGANIC)[action_pick]
+    drawn.is_reel[org] = context.world.contents.content_type[org_content] == (
         vocab.CONTENT_TYPES.index("reel")
     )
 
-    # Impressions: targeted (topic from the user) or by popularity (any topic).
-    imp = np.flatnonzero(is_ad)
+
+def _draw_impressions(
+    imp: IntArray, drawn: _Drawn, context: _Context, rng: np.random.Generator
+) -> None:
+    """Impressions ``imp``: an ad targeted at the user (topic from the user)
+    or picked by popularity (any topic)."""
+    p = context.config.params
     imp_topic = _intent_or_interest(
-        intent[imp], user[imp], p.targeted_intent_share, interests, rng
+        context.intent[imp],
+        context.user[imp],
+        p.targeted_intent_share,
+        context.interests,
+        rng,
     )
     targeted = rng.random(imp.size) < p.targeted_share
-    base = domain[imp] * (K_TOPICS + 1)
+    base = context.domain[imp] * (K_TOPICS + 1)
     wanted = np.where(targeted, imp_topic, K_TOPICS)
     group = base + wanted
-    group = np.where(world.ad_sampler.nonempty[group], group, base + K_TOPICS)
-    imp_ad = world.ad_sampler.sample(group, rng)
-    ad[imp] = imp_ad
-    topic[imp] = world.ads.topic[imp_ad]
-    is_reel[imp] = world.ads.ad_format[imp_ad] == vocab.AD_FORMATS.index("reel")
-
-    surface = SegmentSampler.from_matrix(SURFACE_GIVEN_DOMAIN).sample(domain, rng)
-    has_reels = SURFACE_GIVEN_DOMAIN[domain, _S("reels")] > 0
-    to_reels = is_reel & has_reels & (rng.random(n) < REEL_ON_REELS)
-    surface[to_reels] = _S("reels")
-
-    # Codes are stored as int8: the assembly gathers every column in time
-    # order, and random gathers of 1-byte arrays stay in cache.
-    return BaseEvents(
-        user=user,
-        time_ms=time_ms,
-        domain=domain.astype(np.int8),
-        surface=surface.astype(np.int8),
-        action=action.astype(np.int8),
-        ad=ad,
-        content=content,
-        topic=topic.astype(np.int8),
-        sessions=n_sessions,
+    group = np.where(context.world.ad_sampler.nonempty[group], group, base + K_TOPICS)
+    imp_ad = context.world.ad_sampler.sample(group, rng)
+    drawn.ad[imp] = imp_ad
+    drawn.topic[imp] = context.world.ads.topic[imp_ad]
+    drawn.is_reel[imp] = context.world.ads.ad_format[imp_ad] == vocab.AD_FORMATS.index(
+        "reel"
     )
 
 
