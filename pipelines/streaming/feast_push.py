@@ -50,7 +50,7 @@ class PushToFeastFn(beam.DoFn):  # type: ignore[misc]
     per bundle (see the module docstring).
 
     Args:
-        env: Feast configuration (``local`` / ``prod``; see ``feast_ops``).
+        env: Feast configuration (``local`` / ``prod``; see :mod:`pipelines.feast.ops`).
         state_dir: local configuration: registry and SQLite directory.
         project: Feast project.
         freshness_jsonl: where to append freshness samples (optional).
@@ -152,7 +152,7 @@ def newest_per_entity(rows: pa.Table) -> pa.Table:
 
 
 def open_store(env: str | None, state_dir: str | None, project: str | None) -> Any:
-    """The Feast store the job writes to (``feast_ops``' configurations)."""
+    """The Feast store the job writes to (:mod:`pipelines.feast.ops`' configurations)."""
     from feast import FeatureStore
 
     from pipelines.feast import ops as feast_ops
