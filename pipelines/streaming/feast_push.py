@@ -152,7 +152,7 @@ def newest_per_entity(rows: pa.Table) -> pa.Table:
 
 
 def open_store(env: str | None, state_dir: str | None, project: str | None) -> Any:
-    """The Feast store the job writes to (:mod:`pipelines.feast.ops`' configurations)."""
+    """The Feast store the job writes to (a :mod:`pipelines.feast.ops` config)."""
     from feast import FeatureStore
 
     from pipelines.feast import ops as feast_ops
