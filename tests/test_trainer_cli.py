@@ -17,13 +17,20 @@ from pipelines import reference as reference_command
 from pipelines.sources.synthetic import GeneratorConfig, generate_dataset
 from trainer import daemon as daemon_command
 from trainer import fit as fit_command
+from trainer.cli import config_fields
 from trainer.data import split
 from trainer.distill import command as distill_command
+from trainer.distill import daemon as student_daemon_command
 from trainer.distill import teacher_outputs as teacher_outputs_command
 from trainer.distill import teacher_pass as teacher_outputs
 from trainer.distill.records import read_teacher_outputs
+from trainer.distill.run_config import (
+    FULL,
+    STUDENT_NAMES,
+    DistillConfig,
+    StudentDaemonConfig,
+)
 from trainer.distill.student import STUDENT_PRESETS
-from trainer.distill.student_trainer import DistillConfig
 from trainer.distill.teacher import load_teacher
 from trainer.distributed.sharding import DEFAULT_MIN_ROWS
 from trainer.distributed.sharding import EMBEDDING_OPTIMIZERS as SHARDING_OPTIMIZERS
@@ -42,7 +49,6 @@ from trainer.training.run_config import (
     MIN_SHARDED_ROWS,
     PRESET_NAMES,
     SHARDINGS,
-    STUDENT_NAMES,
     DaemonConfig,
     FitConfig,
 )
@@ -73,14 +79,37 @@ def test_flag_defaults_are_the_dataclasses() -> None:
     fields = {f.name for f in dataclasses.fields(DaemonConfig)}
     flagged = {k: v for k, v in vars(daemon_args).items() if k in fields}
     assert DaemonConfig(**flagged) == DaemonConfig(topic="t", checkpoint_dir=Path("c"))
-    assert daemon_args.preset == "default"  # the daemon trains a real model
+    # Both commands train a real model unless told otherwise.
+    assert daemon_args.preset == fit_args.preset == "default"
     distill_args = distill_command.build_parser().parse_args(
         ["--examples", "e", "--teacher", "t", "--metrics-out", "m"]
     )
-    defaults = DistillConfig()
-    for name in [*distill_command.KNOBS, "epochs", "batch_size", "lr", "seed"]:
-        assert getattr(distill_args, name) == getattr(defaults, name), name
-    assert distill_args.student == defaults.student
+    assert DistillConfig(**config_fields(distill_args, DistillConfig)) == (
+        DistillConfig()
+    )
+    assert distill_args.methods == DistillConfig().methods == FULL
+    required = ["--examples", "e", "--teacher", "t", "--metrics-out", "m"]
+    switched = distill_command.build_parser().parse_args(
+        [*required, "--no-adapter-tracker", "--share-frozen", "--methods", "repr,aux"]
+    )
+    parsed = DistillConfig(**config_fields(switched, DistillConfig))
+    assert (parsed.adapter_tracker, parsed.share_frozen) == (False, True)
+    assert parsed.methods == ("aux", "repr")
+    topics = ["--examples-topic", "e", "--teacher-topic", "t", "--group", "g"]
+    student_args = student_daemon_command.build_parser().parse_args(
+        [*topics, "--domain", "facebook", "--teacher", "p", "--checkpoint-dir", "c"]
+    )
+    assert StudentDaemonConfig(
+        **config_fields(student_args, StudentDaemonConfig),
+        distill=DistillConfig(**config_fields(student_args, DistillConfig)),
+    ) == StudentDaemonConfig(
+        examples_topic="e",
+        teacher_topic="t",
+        group="g",
+        domain="facebook",
+        teacher=Path("p"),
+        checkpoint_dir=Path("c"),
+    )
     outputs_args = teacher_outputs_command.build_parser().parse_args(
         ["--examples", "e", "--teacher", "t", "--output", "o"]
     )
@@ -204,16 +233,16 @@ def test_fit_bad_input_is_one_line(
 ) -> None:
     base = ["--eval", str(periods["eval"]), "--metrics-out", str(tmp_path / "m")]
     assert fit_command.main(["--train", str(tmp_path / "nope"), *base]) == 2
-    assert "--train" in _one_line_error(capsys, "trainer.training.fit")
+    assert "--train" in _one_line_error(capsys, "trainer.fit")
     argv = ["--train", str(periods["train"]), *base, "--recalibrate"]
     assert fit_command.main(argv) == 2
-    assert "needs --validation" in _one_line_error(capsys, "trainer.training.fit")
+    assert "needs --validation" in _one_line_error(capsys, "trainer.fit")
     broken = tmp_path / "broken"
     for part in ("examples/date=2026-10-01", "timelines"):
         (broken / part).mkdir(parents=True)
         (broken / part / "part-0.parquet").write_bytes(b"not parquet at all")
     assert fit_command.main(["--train", str(broken), *base, *FAST]) == 2
-    line = _one_line_error(capsys, "trainer.training.fit")
+    line = _one_line_error(capsys, "trainer.fit")
     assert f"--train {broken}: unreadable" in line
 
 
@@ -227,7 +256,7 @@ def test_a_checkpoint_without_its_model_config_says_what_to_do(
     )
     argv = ["--examples", str(periods["eval"]), "--output", str(tmp_path / "o")]
     assert teacher_outputs_command.main([*argv, "--teacher", str(bare)]) == 2
-    line = _one_line_error(capsys, "trainer.distill.teacher_pass")
+    line = _one_line_error(capsys, "trainer.distill.teacher_outputs")
     assert "does not say which model it holds" in line
     assert "python -m trainer.fit --save" in line
     # A corrupt file and an empty folder: one line each, naming the flag.
@@ -235,11 +264,11 @@ def test_a_checkpoint_without_its_model_config_says_what_to_do(
     corrupt.write_bytes(bare.read_bytes()[:1000])
     assert teacher_outputs_command.main([*argv, "--teacher", str(corrupt)]) == 2
     assert f"--teacher {corrupt}: unreadable" in _one_line_error(
-        capsys, "trainer.distill.teacher_pass"
+        capsys, "trainer.distill.teacher_outputs"
     )
     (tmp_path / "empty").mkdir()
     argv += ["--teacher", str(tmp_path / "empty")]
     assert teacher_outputs_command.main(argv) == 2
     assert "no checkpoint files" in _one_line_error(
-        capsys, "trainer.distill.teacher_pass"
+        capsys, "trainer.distill.teacher_outputs"
     )
