@@ -462,7 +462,7 @@ def main() -> int:
         started = time.perf_counter()
         result = run_daemon_until_drained(
             broker.settings, TOPIC, "bench", Path(tmp) / "ckpt", idle_seconds=3.0,
-            metrics_jsonl=jsonl, log_every=10,
+            metrics_jsonl=jsonl, log_every=10, preset="tiny",
         )  # fmt: skip
         wall = time.perf_counter() - started
         records = [json.loads(line) for line in jsonl.read_text().splitlines()]

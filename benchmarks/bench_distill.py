@@ -78,14 +78,10 @@ from trainer.data.feature_output import (
 )
 from trainer.distill import teacher_pass as teacher_outputs
 from trainer.distill.records import read_teacher_outputs
+from trainer.distill.run_config import FULL, DistillConfig
 from trainer.distill.sharing import read_checkpoint, teacher_tables
 from trainer.distill.student_data import StudentData
-from trainer.distill.student_trainer import (
-    FULL,
-    DistillConfig,
-    predict_student,
-    train_student,
-)
+from trainer.distill.student_trainer import predict_student, train_student
 from trainer.distill.teacher import train_teacher
 from trainer.models.config import tiny
 from trainer.training.checkpoint import list_checkpoints

@@ -67,7 +67,8 @@ from trainer.models.registry import MODEL_NAMES, build_model
 from trainer.modules.embeddings import JaggedTokens
 from trainer.modules.pyramid import PyramidEncoder
 from trainer.ops import jagged_local_attention
-from trainer.training.fit import FitConfig, make_optimizer
+from trainer.training.fit_trainer import make_optimizer
+from trainer.training.run_config import FitConfig
 from trainer.training.step import compile_model, train_step
 
 # Dense peaks by device name (datasheet, SXM): bf16 and TF32, TFLOP/s.

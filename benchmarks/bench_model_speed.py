@@ -52,7 +52,8 @@ from trainer.models.registry import MODEL_NAMES, build_model
 from trainer.modules.embeddings import JaggedTokens
 from trainer.modules.pyramid import PyramidEncoder
 from trainer.ops import jagged_local_attention
-from trainer.training.fit import FitConfig, make_optimizer
+from trainer.training.fit_trainer import make_optimizer
+from trainer.training.run_config import FitConfig
 from trainer.training.step import train_step
 
 REPO = Path(__file__).resolve().parents[1]

@@ -51,7 +51,7 @@ trainer_example_record   ``trainer.data.kafka_source.KafkaSource._decode`` (the
                          dead letter) on re-framed messages: a batch, or one
                          dead letter with the original bytes
 teacher_message          ``trainer.distill.records.decode_teacher_message``
-                         and the student daemon's ``_teacher_decoder`` (which
+                         and the student daemon's ``teacher_decoder`` (which
                          adds the teacher's embedding width) on raw values;
                          accepted rows must survive ``TeacherCache.add`` /
                          ``aligned`` and ``AlignedTeacher``
@@ -961,10 +961,10 @@ def _teacher_check(frame: Callable[[bytes], bytes]) -> Check:
         decode_teacher_message,
         teacher_message_headers,
     )
-    from trainer.distill.student_daemon import TeacherCache, _teacher_decoder
+    from trainer.distill.teacher_cache import TeacherCache, teacher_decoder
 
     headers = teacher_message_headers()
-    daemon_decoder = _teacher_decoder(TEACHER_WIDTH)
+    daemon_decoder = teacher_decoder(TEACHER_WIDTH)
 
     def check(data: bytes) -> None:
         framed = frame(data)

@@ -89,11 +89,7 @@ def publish(
     settings: KafkaSettings, topic: str, values: list[bytes], partitions: int
 ) -> list[tuple[int, int]]:
     """Send ``values`` round-robin over partitions; returns (partition, offset)."""
-    from kafka import KafkaProducer
-
-    producer = KafkaProducer(
-        **settings.client_config(), acks="all", max_request_size=16 * 1024 * 1024
-    )
+    producer = settings.producer(acks="all", max_request_size=16 * 1024 * 1024)
     futures = [
         producer.send(
             topic, value=v, partition=i % partitions, headers=message_headers()
@@ -187,6 +183,7 @@ def test_poison_set_aside_and_drained_run(
         "g-poison",
         tmp_path / "ckpt",
         idle_seconds=2.0,
+        preset="tiny",
         metrics_jsonl=tmp_path / "m.jsonl",
         log_every=2,
     )
@@ -198,13 +195,8 @@ def test_poison_set_aside_and_drained_run(
     assert all(0 < v["count"] for v in result["metrics"].values())
     assert len((tmp_path / "m.jsonl").read_text().splitlines()) >= 4
 
-    from kafka import KafkaConsumer
-
-    consumer = KafkaConsumer(
-        f"{topic}.dead-letter",
-        **kafka_settings.client_config(),
-        auto_offset_reset="earliest",
-        consumer_timeout_ms=3000,
+    consumer = kafka_settings.consumer(
+        f"{topic}.dead-letter", auto_offset_reset="earliest", consumer_timeout_ms=3000
     )
     letters = list(consumer)
     consumer.close()

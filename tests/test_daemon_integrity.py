@@ -102,11 +102,9 @@ def flip_bit_in_embedding_table(path: Path) -> str:
 
 
 def committed_offset(settings: KafkaSettings, topic: str, group: str) -> int | None:
-    from kafka import KafkaConsumer, TopicPartition
+    from kafka import TopicPartition
 
-    consumer = KafkaConsumer(
-        **settings.client_config(), group_id=group, enable_auto_commit=False
-    )
+    consumer = settings.consumer(group_id=group, enable_auto_commit=False)
     try:
         result: int | None = consumer.committed(TopicPartition(topic, 0))
         return result
@@ -259,10 +257,10 @@ def test_flipped_byte_and_five_megabytes_of_garbage_are_set_aside(
     """The dead-letter topic allows 1 MB: the 5 MB letter is stored truncated,
     with the original's length and hash; the daemon goes on, and a restart
     goes past it."""
-    from kafka.admin import KafkaAdminClient, NewTopic
+    from kafka.admin import NewTopic
 
     topic = kafka_topic(1)
-    admin = KafkaAdminClient(**kafka_settings.client_config())
+    admin = kafka_settings.admin()
     admin.create_topics(
         [
             NewTopic(
@@ -280,7 +278,12 @@ def test_flipped_byte_and_five_megabytes_of_garbage_are_set_aside(
     garbage = os.urandom(FIVE_MB)
     publish(kafka_settings, topic, [*good[:3], bytes(flipped), garbage, *good[4:7]], 1)
     first = run_daemon_until_drained(
-        kafka_settings, topic, "g-hostile", tmp_path / "ckpt", idle_seconds=2.0
+        kafka_settings,
+        topic,
+        "g-hostile",
+        tmp_path / "ckpt",
+        idle_seconds=2.0,
+        preset="tiny",
     )
     assert (first["step"], first["dead_letters"], first["offsets"]) == (6, 2, {0: 8})
 
@@ -303,7 +306,12 @@ def test_flipped_byte_and_five_megabytes_of_garbage_are_set_aside(
 
     publish(kafka_settings, topic, [good[7]], 1)
     second = run_daemon_until_drained(
-        kafka_settings, topic, "g-hostile", tmp_path / "ckpt", idle_seconds=2.0
+        kafka_settings,
+        topic,
+        "g-hostile",
+        tmp_path / "ckpt",
+        idle_seconds=2.0,
+        preset="tiny",
     )
     # Counted over the whole run: the restart does not count from zero.
     assert (second["step"], second["dead_letters"], second["records"]) == (7, 2, 9)
@@ -321,7 +329,12 @@ def test_five_megabytes_of_garbage_are_dead_lettered_whole(
     good = messages(reference, 3)
     publish(kafka_settings, topic, [good[0], garbage, *good[1:]], 1)
     result = run_daemon_until_drained(
-        kafka_settings, topic, "g-whole", tmp_path / "ckpt", idle_seconds=2.0
+        kafka_settings,
+        topic,
+        "g-whole",
+        tmp_path / "ckpt",
+        idle_seconds=2.0,
+        preset="tiny",
     )
     assert (result["step"], result["dead_letters"]) == (3, 1)
     (letter,) = topic_records(kafka_settings, f"{topic}.dead-letter")
@@ -547,7 +560,7 @@ def test_the_student_rejects_teacher_rows_of_another_width() -> None:
         encode_teacher_message,
         teacher_output_table,
     )
-    from trainer.distill.student_daemon import _teacher_decoder
+    from trainer.distill.teacher_cache import teacher_decoder
 
     table = teacher_output_table(
         pa.array(["a"]),
@@ -558,7 +571,7 @@ def test_the_student_rejects_teacher_rows_of_another_width() -> None:
         teacher_time_ms=5,
     )
     data = encode_teacher_message(table)
-    assert _teacher_decoder(8)(data, [])[1] is None
-    assert _teacher_decoder(4)(data, [])[1] == (
+    assert teacher_decoder(8)(data, [])[1] is None
+    assert teacher_decoder(4)(data, [])[1] == (
         "teacher embedding width 8, the teacher's is 4"
     )

@@ -11,9 +11,8 @@ import torch
 
 from features.kafka import KafkaSettings
 from features.vocab import DOMAINS
-from trainer.distill.student_daemon import StudentDaemonConfig
+from trainer.distill.run_config import FULL, DistillConfig, StudentDaemonConfig
 from trainer.distill.student_daemon import run as run_student
-from trainer.distill.student_trainer import FULL, DistillConfig
 from trainer.distill.teacher_topic import run_stream
 from trainer.models.base_rate import BaseRateOffset, prior_logits
 from trainer.models.config import tiny

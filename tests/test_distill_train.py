@@ -28,9 +28,9 @@ from trainer.data.feature_output import (
 from trainer.distill import teacher_pass as teacher_outputs
 from trainer.distill.adapter import StudentAdapter
 from trainer.distill.records import read_teacher_outputs
+from trainer.distill.run_config import DistillConfig
 from trainer.distill.student_data import StudentData
 from trainer.distill.student_trainer import (
-    DistillConfig,
     adapter_step,
     build_student,
     train_student,

@@ -22,6 +22,7 @@ from trainer.data.feature_output import (
     time_forward_split,
 )
 from trainer.training import fit as fit_module
+from trainer.training import fit_trainer
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = GeneratorConfig(users=300, ads=60, days=3, seed=7)
@@ -141,18 +142,64 @@ def test_time_limit_stops_before_the_next_epoch(
     assert report["config"]["device"] == "cpu"
 
 
+def test_fit_trainer_state_resumes_the_same_run(
+    split: tuple[Path, Path, int],
+) -> None:
+    """A trainer loaded from another's :meth:`state_dict` steps as it would."""
+    import torch
+
+    train, evals, _ = split
+    cfg = fit_module.FitConfig(
+        train=train,
+        eval=evals,
+        model="dlrm",
+        preset="tiny",
+        max_seq_len=32,
+        optimizer="adam+adagrad",
+        lr_schedule="cosine",
+    )
+    data = ExampleDataset(train, max_seq_len=32)
+    config = fit_module.resolved_model_config(cfg)
+    batches = list(data.batches(64, shuffle=True, seed=0, max_batches=3))
+
+    def trainer() -> fit_trainer.FitTrainer:
+        torch.manual_seed(0)
+        return fit_trainer.FitTrainer(
+            cfg,
+            config,
+            fit_module.base_rate_logits(data),
+            torch.device("cpu"),
+            fit_module.autocast_for(torch.device("cpu"), "fp32"),
+            total_steps=3,
+        )
+
+    whole, saved = trainer(), trainer()
+    for batch in batches[:2]:
+        whole.step(batch)
+        saved.step(batch)
+    torch.manual_seed(1)  # another init: the state must overwrite all of it
+    resumed = trainer()
+    # From a trainer that steps no more: the optimizers may share its tensors.
+    resumed.load_state_dict(saved.state_dict())
+    assert resumed.steps == whole.steps == 2
+    losses = [t.step(batches[2]).item() for t in (whole, resumed)]
+    assert losses[0] == pytest.approx(losses[1], rel=1e-6)
+    for name, tensor in whole.state_dict()["model"].items():
+        torch.testing.assert_close(resumed.state_dict()["model"][name], tensor)
+
+
 def test_cosine_schedule_anneals_every_step_to_zero(
     split: tuple[Path, Path, int], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     train, evals, _ = split
     seen_lrs: list[float] = []
-    real_step = fit_module.train_step
+    real_step = fit_trainer.train_step
 
     def recording_step(model, batch, optimizer, max_grad_norm):  # type: ignore[no-untyped-def]
         seen_lrs.append(optimizer.param_groups[0]["lr"])
         return real_step(model, batch, optimizer, max_grad_norm)
 
-    monkeypatch.setattr(fit_module, "train_step", recording_step)
+    monkeypatch.setattr(fit_trainer, "train_step", recording_step)
     _run(
         train,
         evals,
@@ -162,9 +209,9 @@ def test_cosine_schedule_anneals_every_step_to_zero(
     )
     # 4 steps: 0.01 * (1 + cos(pi * k / 4)) / 2 for k = 0..3.
     assert seen_lrs == pytest.approx([0.01, 0.0085355, 0.005, 0.0014645], rel=1e-4)
-    assert fit_module.lr_factor("cosine", 4, 4) == pytest.approx(0.0)
+    assert fit_trainer.lr_factor("cosine", 4, 4) == pytest.approx(0.0)
     with pytest.raises(ValueError, match="unknown lr schedule"):
-        fit_module.lr_factor("step", 0, 4)
+        fit_trainer.lr_factor("step", 0, 4)
 
 
 def test_recalibration_calibrates_the_validation_period_and_keeps_rankings(

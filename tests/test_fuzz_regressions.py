@@ -33,7 +33,7 @@ from trainer.distill.records import (
     encode_teacher_message,
     teacher_output_schema,
 )
-from trainer.distill.student_daemon import TeacherCache
+from trainer.distill.teacher_cache import TeacherCache
 
 CORPUS = Path(__file__).parent / "fuzz_corpus"
 

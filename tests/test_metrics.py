@@ -375,7 +375,7 @@ def test_student_daemon_metrics_over_http(
     reference: ReferenceOutput,
     tmp_path: Path,
 ) -> None:
-    from trainer.distill.student_daemon import StudentDaemonConfig
+    from trainer.distill.run_config import StudentDaemonConfig
     from trainer.distill.student_daemon import run as run_student
     from trainer.distill.teacher_topic import run_stream
 

@@ -17,13 +17,20 @@ from pipelines import reference as reference_command
 from pipelines.sources.synthetic import GeneratorConfig, generate_dataset
 from trainer import daemon as daemon_command
 from trainer import fit as fit_command
+from trainer.cli import config_fields
 from trainer.data import split
 from trainer.distill import command as distill_command
+from trainer.distill import daemon as student_daemon_command
 from trainer.distill import teacher_outputs as teacher_outputs_command
 from trainer.distill import teacher_pass as teacher_outputs
 from trainer.distill.records import read_teacher_outputs
+from trainer.distill.run_config import (
+    FULL,
+    STUDENT_NAMES,
+    DistillConfig,
+    StudentDaemonConfig,
+)
 from trainer.distill.student import STUDENT_PRESETS
-from trainer.distill.student_trainer import DistillConfig
 from trainer.distill.teacher import load_teacher
 from trainer.distributed.sharding import DEFAULT_MIN_ROWS
 from trainer.distributed.sharding import EMBEDDING_OPTIMIZERS as SHARDING_OPTIMIZERS
@@ -42,7 +49,6 @@ from trainer.training.run_config import (
     MIN_SHARDED_ROWS,
     PRESET_NAMES,
     SHARDINGS,
-    STUDENT_NAMES,
     DaemonConfig,
     FitConfig,
 )
@@ -73,14 +79,37 @@ def test_flag_defaults_are_the_dataclasses() -> None:
     fields = {f.name for f in dataclasses.fields(DaemonConfig)}
     flagged = {k: v for k, v in vars(daemon_args).items() if k in fields}
     assert DaemonConfig(**flagged) == DaemonConfig(topic="t", checkpoint_dir=Path("c"))
-    assert daemon_args.preset == "default"  # the daemon trains a real model
+    # Both commands train a real model unless told otherwise.
+    assert daemon_args.preset == fit_args.preset == "default"
     distill_args = distill_command.build_parser().parse_args(
         ["--examples", "e", "--teacher", "t", "--metrics-out", "m"]
     )
-    defaults = DistillConfig()
-    for name in [*distill_command.KNOBS, "epochs", "batch_size", "lr", "seed"]:
-        assert getattr(distill_args, name) == getattr(defaults, name), name
-    assert distill_args.student == defaults.student
+    assert DistillConfig(**config_fields(distill_args, DistillConfig)) == (
+        DistillConfig()
+    )
+    assert distill_args.methods == DistillConfig().methods == FULL
+    required = ["--examples", "e", "--teacher", "t", "--metrics-out", "m"]
+    switched = distill_command.build_parser().parse_args(
+        [*required, "--no-adapter-tracker", "--share-frozen", "--methods", "repr,aux"]
+    )
+    parsed = DistillConfig(**config_fields(switched, DistillConfig))
+    assert (parsed.adapter_tracker, parsed.share_frozen) == (False, True)
+    assert parsed.methods == ("aux", "repr")
+    topics = ["--examples-topic", "e", "--teacher-topic", "t", "--group", "g"]
+    student_args = student_daemon_command.build_parser().parse_args(
+        [*topics, "--domain", "facebook", "--teacher", "p", "--checkpoint-dir", "c"]
+    )
+    assert StudentDaemonConfig(
+        **config_fields(student_args, StudentDaemonConfig),
+        distill=DistillConfig(**config_fields(student_args, DistillConfig)),
+    ) == StudentDaemonConfig(
+        examples_topic="e",
+        teacher_topic="t",
+        group="g",
+        domain="facebook",
+        teacher=Path("p"),
+        checkpoint_dir=Path("c"),
+    )
     outputs_args = teacher_outputs_command.build_parser().parse_args(
         ["--examples", "e", "--teacher", "t", "--output", "o"]
     )

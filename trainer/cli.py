@@ -1,8 +1,12 @@
 """Flags built from a run's dataclass, and the checks every trainer command
 makes on its input before any work starts.
 
-- :func:`add_config_flags`: dataclass fields become flags whose defaults are
-  the fields' defaults (the dataclass stays the one place they are written);
+- :func:`flag` / :func:`add_config_flags`: a dataclass field whose metadata
+  is :func:`flag`'s is also a command-line flag; its default and its help
+  are written once, on the field, and the command's flags are generated
+  from the dataclass;
+- :func:`start_torch`: the process settings every trainer command applies
+  before its first step (intra-op threads, freed memory kept);
 - :func:`feature_dir`: a folder that is not a feature-job output is refused
   with one line saying what it lacks; :func:`unreadable` is the line for a
   file there that does not parse;
@@ -17,11 +21,17 @@ import argparse
 import dataclasses
 import types
 import typing
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from features.cli import CommandError
+
+# Field metadata: the flag's help, its name when not ``--field-name``, and
+# further ``add_argument`` keywords (``type``, ``choices``, ``metavar``...).
+HELP: Final = "help"
+FLAG: Final = "flag"
+ARGPARSE: Final = "argparse"
 
 
 def positive_int(text: str) -> int:
@@ -57,57 +67,110 @@ def _metavar(name: str, value_type: type) -> str | None:
     return None
 
 
+def flag(
+    help: str,
+    *,
+    name: str | None = None,
+    written_default: str | None = None,
+    **argparse_options: Any,
+) -> dict[str, Any]:
+    """The ``metadata`` of a dataclass field that is also a command-line flag.
+
+    Args:
+        help: the flag's line of help.
+        name: the flag when not ``--field-name`` (``--no-field-name`` for a
+            ``bool`` that defaults to True).
+        written_default: the default as a user writes it, when the field's
+            default is what the flag's ``type`` makes of that text (the help
+            then shows the text).
+        argparse_options: further ``add_argument`` keywords; by default the
+            type is the field's own, and the metavar ``DIR`` for a path,
+            ``N`` for an integer, ``S`` for seconds.
+
+    Example:
+        >>> @dataclasses.dataclass(frozen=True, kw_only=True)
+        ... class Run:
+        ...     steps: int = dataclasses.field(default=10, metadata=flag("steps"))
+        >>> parser = argparse.ArgumentParser()
+        >>> add_config_flags(parser, Run)
+        >>> Run(**config_fields(parser.parse_args(["--steps", "3"]), Run))
+        Run(steps=3)
+    """
+    if written_default is not None:
+        argparse_options["default"] = written_default
+    return {HELP: help, FLAG: name, ARGPARSE: argparse_options}
+
+
 def add_config_flags(
     parser: argparse.ArgumentParser | argparse._ArgumentGroup,
     config: type,
-    helps: Mapping[str, str],
     *,
-    choices: Mapping[str, Sequence[str]] | None = None,
-    kinds: Mapping[str, Callable[[str], Any]] | None = None,
-    flags: Mapping[str, str] | None = None,
-    metavars: Mapping[str, str] | None = None,
+    only: Sequence[str] | None = None,
 ) -> None:
-    """One flag per field named in ``helps``, in that order.
+    """One flag per field of ``config`` with :func:`flag` metadata, in
+    field order.
 
     Args:
         parser: where the flags go.
         config: the dataclass whose fields they set (``dest`` is the field
-            name, so ``config(**fields)`` takes the parsed values).
-        helps: field -> its line of help.
-        choices: field -> the values it accepts.
-        kinds: field -> the argparse type (default: the field's own type).
-        flags: field -> its flag when not ``--field-name``.
-        metavars: field -> what its help calls the value (default: ``DIR``
-            for a path, ``N`` for an integer, ``S`` for seconds).
+            name, so ``config(**config_fields(args, config))`` takes the
+            parsed values).
+        only: these fields alone, in this order (the options of a
+            dataclass a command shares with others).
 
     A field without a default is a required flag; a ``bool`` field is an
-    on switch.
+    on switch, or with a True default an off switch.
     """
     hints = typing.get_type_hints(config)
-    fields = {field.name: field for field in dataclasses.fields(config)}
-    for name, text in helps.items():
+    fields = {
+        field.name: field
+        for field in dataclasses.fields(config)
+        if HELP in field.metadata
+    }
+    for name in only if only is not None else list(fields):
         field = fields[name]
-        flag = (flags or {}).get(name, "--" + name.replace("_", "-"))
-        options: dict[str, Any] = {"dest": name, "help": text}
-        if field.default is dataclasses.MISSING:
-            options["required"] = True
-        else:
+        options: dict[str, Any] = {"dest": name, "help": field.metadata[HELP]}
+        if field.default is not dataclasses.MISSING:
             options["default"] = field.default
+        elif field.default_factory is not dataclasses.MISSING:
+            options["default"] = field.default_factory()
+        else:
+            options["required"] = True
         value_type = _value_type(hints[name])
+        spelled = field.metadata[FLAG] or "--" + name.replace("_", "-")
         if value_type is bool:
             options["action"] = "store_true"
+            if options.get("default") is True:
+                # An off switch: left out of the parsed values unless given,
+                # so the field's default stands (and --help shows none).
+                options.update(action="store_false", default=argparse.SUPPRESS)
+                spelled = field.metadata[FLAG] or "--no-" + name.replace("_", "-")
         else:
-            options["type"] = (kinds or {}).get(name, value_type)
-            if choices and name in choices:
-                options["choices"] = tuple(choices[name])
-            options["metavar"] = (metavars or {}).get(name, _metavar(name, value_type))
-        parser.add_argument(flag, **options)
+            options["type"] = value_type
+            options["metavar"] = _metavar(name, value_type)
+        options.update(field.metadata[ARGPARSE])
+        parser.add_argument(spelled, **options)
 
 
 def config_fields(args: argparse.Namespace, config: type) -> dict[str, Any]:
     """The parsed values that are fields of ``config``."""
     names = {field.name for field in dataclasses.fields(config)}
     return {k: v for k, v in vars(args).items() if k in names}
+
+
+def start_torch(threads: int) -> None:
+    """Set torch's intra-op threads and keep freed memory for reuse.
+
+    Every trainer command calls it once, before its first step: each step
+    frees and re-allocates the same buffers (:mod:`features.memory`). Torch
+    loads here, after the flags are parsed.
+    """
+    import torch
+
+    from features.memory import reuse_freed_memory
+
+    torch.set_num_threads(threads)
+    reuse_freed_memory()
 
 
 FEATURE_DIR_FIX = (

@@ -15,11 +15,13 @@ from features.cli import CommandError, CommandParser, run_command
 from features.vocab import DOMAINS
 from trainer.cli import (
     CHECKPOINT_HELP,
+    add_config_flags,
+    config_fields,
     feature_dir,
-    positive_float,
     positive_int,
+    start_torch,
 )
-from trainer.training.run_config import STUDENT_NAMES
+from trainer.distill.run_config import DistillConfig
 
 DESCRIPTION = """\
 Train one vertical student per domain from the GEM teacher.
@@ -32,17 +34,6 @@ model is the one its checkpoint describes. The metrics file holds, per
 domain, the student's NE / AUC / calibration per objective next to the raw
 teacher's (and the adapter's), the teacher steps and staleness the student
 saw, and per-day progressive calibration."""
-
-# Their defaults are trainer.distill.student_trainer.DistillConfig's (checked by
-# tests/test_trainer_cli.py): that module loads torch, the flags must not.
-KNOBS = {
-    "kd_weight": (1.0, "standard KD loss weight (lambda)"),
-    "kd_temperature": (1.0, "standard KD temperature"),
-    "aux_weight": (1.0, "auxiliary distillation head's loss weight (w)"),
-    "label_scale": (1.0, "auxiliary head's label scaling (alpha)"),
-    "grad_scale": (1.0, "auxiliary head's gradient scaling (beta)"),
-    "adapter_lr": (1e-2, "Student Adapter's learning rate"),
-}
 
 
 def build_parser() -> CommandParser:
@@ -90,44 +81,11 @@ def build_parser() -> CommandParser:
         "length it was trained on (default: its configuration's max_seq_len)",
     )
     parser.add_argument(
-        "--student", choices=STUDENT_NAMES, default="dlrm_small", help="student size"
-    )
-    parser.add_argument(
-        "--methods",
-        default="full",
-        help="transfer methods: none, full, or a comma list of standard, aux, "
-        "adapter, repr, share",
-    )
-    parser.add_argument(
         "--domains",
         default=",".join(DOMAINS),
         help="comma list of the domains to train a student for",
     )
-    parser.add_argument(
-        "--epochs", type=positive_int, default=1, help="passes over --examples"
-    )
-    parser.add_argument(
-        "--batch-size", type=positive_int, default=256, help="examples per step"
-    )
-    parser.add_argument(
-        "--lr", type=positive_float, default=2e-3, help="student learning rate"
-    )
-    parser.add_argument("--seed", type=int, default=0, help="student init and order")
-    for name, (default, text) in KNOBS.items():
-        parser.add_argument(
-            "--" + name.replace("_", "-"), type=float, default=default, help=text
-        )
-    parser.add_argument(
-        "--no-adapter-tracker",
-        action="store_true",
-        help="the Student Adapter without its calibration filter (MLP only)",
-    )
-    parser.add_argument(
-        "--share-frozen",
-        action="store_true",
-        help="share: freeze the tables copied from the teacher instead of "
-        "fine-tuning them",
-    )
+    add_config_flags(parser, DistillConfig)
     parser.add_argument(
         "--threads",
         type=positive_int,
@@ -156,10 +114,9 @@ def run(args: argparse.Namespace) -> int:
     feature_dir("--examples", args.examples)
     if args.eval is not None:
         feature_dir("--eval", args.eval)
-    import torch
-
+    cfg = DistillConfig(**config_fields(args, DistillConfig))
+    start_torch(args.threads)
     from features.json_report import json_safe
-    from features.memory import reuse_freed_memory
     from trainer.distill.run import (
         combined_outputs,
         distill_domains,
@@ -167,27 +124,8 @@ def run(args: argparse.Namespace) -> int:
         load_split,
         staleness_summary,
     )
-    from trainer.distill.student_trainer import DistillConfig, parse_methods
     from trainer.training.checkpoint import read_model_checkpoint
 
-    try:
-        methods = parse_methods(args.methods)
-    except ValueError as error:
-        raise CommandError(f"--methods {args.methods}: {error}") from error
-    torch.set_num_threads(args.threads)
-    # Each step frees and re-allocates the same buffers: keep them (features.memory).
-    reuse_freed_memory()
-    cfg = DistillConfig(
-        methods=methods,
-        student=args.student,
-        epochs=args.epochs,
-        batch_size=args.batch_size,
-        lr=args.lr,
-        seed=args.seed,
-        **{name: getattr(args, name) for name in KNOBS},
-        adapter_tracker=not args.no_adapter_tracker,
-        share_frozen=args.share_frozen,
-    )
     # Checked here, before a subprocess would run the teacher over the data.
     state, teacher_path = read_model_checkpoint(args.teacher, "--teacher")
     sets = [(args.examples, args.teacher_outputs)]

@@ -22,13 +22,10 @@ from features.cli import progress
 from features.vocab import DOMAINS
 from trainer.data.feature_output import event_time_ms, read_examples, read_timelines
 from trainer.distill.records import read_teacher_outputs
+from trainer.distill.run_config import DistillConfig
 from trainer.distill.sharing import embedding_settings, teacher_tables
 from trainer.distill.student_data import StudentData
-from trainer.distill.student_trainer import (
-    DistillConfig,
-    evaluate_student,
-    train_student,
-)
+from trainer.distill.student_trainer import evaluate_student, train_student
 from trainer.training.checkpoint import missing_model_config
 
 _MS_PER_DAY = 86_400_000

@@ -48,6 +48,7 @@ from trainer.distill.losses import (
     masked_bce,
     standard_kd_loss,
 )
+from trainer.distill.run_config import DistillConfig
 from trainer.distill.sharing import share_tables
 from trainer.distill.student import (
     STUDENT_PRESETS,
@@ -58,53 +59,7 @@ from trainer.distill.student import (
 from trainer.distill.student_data import StudentBatch, StudentData
 from trainer.training.optimizers import adam
 
-METHODS: Final = ("standard", "aux", "adapter", "repr", "share")
-FULL: Final = ("aux", "adapter", "repr", "share")
 _MS_PER_DAY: Final = 86_400_000
-
-
-def parse_methods(text: str) -> tuple[str, ...]:
-    """``"none"``, ``"full"`` or a comma list of :data:`METHODS`.
-
-    Example:
-        >>> parse_methods("full")
-        ('aux', 'adapter', 'repr', 'share')
-        >>> parse_methods("repr,standard")
-        ('standard', 'repr')
-    """
-    if text in ("", "none"):
-        return ()
-    names = FULL if text == "full" else tuple(s.strip() for s in text.split(","))
-    unknown = sorted(set(names) - set(METHODS))
-    if unknown:
-        raise ValueError(f"unknown methods {unknown}; choose from {METHODS}")
-    return tuple(m for m in METHODS if m in names)
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class DistillConfig:
-    """One student run. Knob values are fixed a priori, not tuned on eval."""
-
-    methods: tuple[str, ...] = ()
-    student: str = "dlrm_small"
-    epochs: int = 1
-    batch_size: int = 256
-    lr: float = 2e-3
-    max_grad_norm: float = 10.0
-    shuffle: bool = True
-    seed: int = 0
-    kd_weight: float = 1.0  # λ
-    kd_temperature: float = 1.0  # T
-    aux_weight: float = 1.0  # w
-    label_scale: float = 1.0  # α
-    grad_scale: float = 1.0  # β
-    adapter_lr: float = 1e-2
-    adapter_weight: float = 1.0
-    # The adapter's calibration filter (adapter.OffsetTracker); 0 noise = off.
-    adapter_tracker: bool = True
-    adapter_level_noise: float = 0.03  # logit / sqrt(day)
-    adapter_slope_noise: float = 0.01  # logit / day / sqrt(day)
-    share_frozen: bool = False
 
 
 def student_loss(

@@ -36,7 +36,9 @@ from trainer.training.checkpoint import (
     read_model_checkpoint,
     save_checkpoint,
 )
-from trainer.training.fit import FitConfig, base_rate_logits, make_optimizer
+from trainer.training.fit import base_rate_logits
+from trainer.training.fit_trainer import make_optimizer
+from trainer.training.run_config import FitConfig
 from trainer.training.step import train_step
 
 

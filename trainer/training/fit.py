@@ -1,21 +1,15 @@
 """Train a model on one feature-job output and evaluate it on another.
 
 Usage: ``python -m trainer.fit --help`` (the flags live in
-:mod:`trainer.fit`; this module is the training they run).
+:mod:`trainer.fit`; this module is the training they run, with the model,
+optimizer and schedule of :class:`~trainer.training.fit_trainer.FitTrainer`).
 
 ``DIR`` is a feature-job ``--output`` dir (examples + timelines, see
-:mod:`trainer.data.feature_output`). Metrics (:mod:`features.metrics`): NE normalized
-by the
-entropy of the *eval slice's own* base rate (TorchRec's convention, model.md
-§7), AUC, calibration = predicted / observed positives; per (domain,
-objective) and per objective over all domains. Each example is scored by its
-own domain's head.
-
-Optimizer: ``adam`` (default) is plain Adam on every parameter, the choice
-that works unchanged on any CPU. ``adam+adagrad`` is the paper's split: Adam
-for dense parameters, Adagrad for embedding tables (element-wise, since
-PyTorch has no row-wise Adagrad; with dense gradients a row that got no
-gradient is left untouched, unlike Adam whose momentum keeps moving it).
+:mod:`trainer.data.feature_output`). Metrics (:mod:`features.metrics`): NE
+normalized by the entropy of the *eval slice's own* base rate (TorchRec's
+convention, ``docs/model.md``), AUC, calibration = predicted / observed
+positives; per (domain, objective) and per objective over all domains. Each
+example is scored by its own domain's head.
 
 Model selection: with ``--validation DIR`` (a time period after the train
 period and before the eval one), the model is scored on it after every epoch
@@ -24,10 +18,9 @@ and the epoch with the lowest overall click NE there is the one evaluated
 Each epoch's train NE (on a fixed sample of train examples, in eval mode) and
 validation NE are reported, so under- and over-fitting show as numbers.
 
-Every model's output gets a learnable (domain, objective) offset initialised
-to the logit of the train base rate (:class:`BaseRateOffset`), so short runs
-do not spend their steps learning the prior. One torch thread by default
-(``--threads``): faster on a small shared CPU, and reproducible.
+Every model's output starts at the logit of the train base rate of its
+(domain, objective). One torch thread by default (``--threads``): faster on
+a small shared CPU, and reproducible.
 
 Device: ``--device auto`` (the default) trains on the GPU when torch sees
 one, else on the CPU. On a GPU, batches are still built by numpy on the
@@ -41,8 +34,8 @@ logits exact, which the NE/calibration comparisons between models want
 ``--recalibrate`` (with ``--validation``): after the best epoch is restored,
 each (domain, objective) output bias is shifted so that the *whole*
 validation period's predicted positives equal its observed ones
-(:mod:`trainer.metrics.calibration`); rankings are unchanged, the shifts are in the
-report.
+(:mod:`trainer.metrics.calibration`); rankings stay as they are, the shifts are
+in the report.
 
 ``--max-train-seconds``: a wall-clock safety net for shared or leased
 machines: no new epoch starts once the limit has passed (the report says
@@ -53,19 +46,19 @@ rule between models.
 backend ``inductor``; ``aot_eager`` traces without generating code), set up
 by :func:`trainer.training.step.compile_model` so that every batch's jagged
 sizes reuse one graph. Train and eval mode, and a smaller last batch, each
-compile once more. Worth it on a GPU; on this CPU it saves ~15 % of a
-default-preset step once the first steps have paid for the compile.
+compile once more. Worth it on a GPU; on a CPU only once the first steps
+have paid for the compile (``benchmarks/README.md``).
 
 ``--save DIR``: the model evaluated (the selected epoch, recalibrated when
-asked) is written as a :mod:`trainer.training.checkpoint` file in ``DIR``, with its
-model name, preset and :class:`~trainer.models.config.ModelConfig`
+asked) is written as a :mod:`trainer.training.checkpoint` file in ``DIR``,
+with its model name, preset and :class:`~trainer.models.config.ModelConfig`
 (:func:`trainer.training.checkpoint.model_record`), so distillation reads the
 teacher's configuration from it.
 
-Deterministic for a seed (on the CPU): the model init (``torch.manual_seed``), the epoch
-order (``(seed, epoch)``-seeded permutation) and the row order on disk
-(sorted on read) are all fixed; CPU kernels are deterministic at a fixed
-thread count.
+Deterministic for a seed (on the CPU): the model init
+(``torch.manual_seed``), the epoch order (``(seed, epoch)``-seeded
+permutation) and the row order on disk (sorted on read) are all fixed; CPU
+kernels are deterministic at a fixed thread count.
 """
 
 from __future__ import annotations
@@ -81,7 +74,6 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import torch
-from torch import nn
 
 from features.cli import progress
 from features.json_report import json_safe
@@ -94,15 +86,13 @@ from trainer.models.base_rate import BaseRateOffset
 from trainer.models.config import ModelConfig
 from trainer.models.config import preset as preset_config
 from trainer.models.loss_wrapper import GEMTrain
-from trainer.models.registry import build_model, model_config
+from trainer.models.registry import model_config
 from trainer.training.checkpoint import model_record, save_checkpoint
-from trainer.training.optimizers import adam
+from trainer.training.fit_trainer import FitTrainer
 from trainer.training.run_config import FitConfig
 from trainer.training.step import (
     collect_predictions,
-    compile_model,
     eval_step,
-    train_step,
 )
 
 
@@ -141,64 +131,6 @@ def resolved_model_config(
         embedding = dataclasses.replace(config.embedding, max_seq_len=cfg.max_seq_len)
         config = dataclasses.replace(config, embedding=embedding)
     return config
-
-
-def make_optimizer(model: nn.Module, cfg: FitConfig) -> torch.optim.Optimizer:
-    """Adam for all, or Adam (dense) + Adagrad (embedding tables)."""
-    if cfg.optimizer == "adam":
-        return adam(model.parameters(), lr=cfg.lr)
-    if cfg.optimizer != "adam+adagrad":
-        raise ValueError(f"unknown optimizer {cfg.optimizer!r}")
-    tables = {
-        id(p)
-        for m in model.modules()
-        if isinstance(m, nn.Embedding | nn.EmbeddingBag)
-        for p in m.parameters(recurse=False)
-    }
-    dense = [p for p in model.parameters() if id(p) not in tables]
-    sparse = [p for p in model.parameters() if id(p) in tables]
-    return _Combined(
-        adam(dense, lr=cfg.lr),
-        torch.optim.Adagrad(sparse, lr=cfg.embedding_lr),
-    )
-
-
-def lr_factor(schedule: str, step: int, total_steps: int) -> float:
-    """The learning-rate multiplier at ``step`` (0-based) of ``total_steps``.
-
-    ``cosine`` anneals from 1 to 0 over the whole run: late steps take small
-    moves, so the per-epoch validation scores (and the epoch chosen by them)
-    stop jumping with the last few noisy batches.
-
-    Example:
-        >>> lr_factor("constant", 9, 10), lr_factor("cosine", 0, 10)
-        (1.0, 1.0)
-        >>> round(lr_factor("cosine", 5, 10), 3)
-        0.5
-    """
-    if schedule == "constant":
-        return 1.0
-    if schedule == "cosine":
-        return 0.5 * (1.0 + math.cos(math.pi * min(step, total_steps) / total_steps))
-    raise ValueError(f"unknown lr schedule {schedule!r}")
-
-
-class _Combined(torch.optim.Optimizer):
-    """Two optimizers stepped as one (what ``train_step`` expects)."""
-
-    def __init__(self, *optimizers: torch.optim.Optimizer) -> None:
-        self.optimizers = optimizers
-        groups = [g for o in optimizers for g in o.param_groups]
-        super().__init__([{"params": []}], {})
-        self.param_groups = groups
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        for o in self.optimizers:
-            o.zero_grad(set_to_none=set_to_none)
-
-    def step(self, closure: Any = None) -> None:
-        for o in self.optimizers:
-            o.step()
 
 
 def base_rate_logits(data: ExampleDataset, smoothing: float = 1.0) -> torch.Tensor:
@@ -291,12 +223,11 @@ def fit(
     """
     # One intra-op thread by default: these models are many small ops, and on
     # a small shared CPU OpenMP's barriers between two threads cost more than
-    # they save (measured: 3x faster steps with 1 thread on the 2-core box).
+    # they save.
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     device = resolve_device(cfg.device)
-    on_gpu = device.type == "cuda"
-    if on_gpu:
+    if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     autocast = autocast_for(device, cfg.precision)
@@ -311,41 +242,122 @@ def fit(
     validation = validation_data
     if validation is None and cfg.validation is not None:
         validation = ExampleDataset(cfg.validation, max_seq_len=seq_len)
-    model = GEMTrain(
-        BaseRateOffset(build_model(cfg.model, config), base_rate_logits(train))
-    ).to(device)
-    eager = model.model  # what --save writes: the names without compile's
-    if cfg.compile is not None:
-        # The loss and the optimizer stay eager; the model is the graph.
-        model.model = compile_model(model.model, backend=cfg.compile)
-    optimizer = make_optimizer(model, cfg)
-    base_lrs = [group["lr"] for group in optimizer.param_groups]
+    if cfg.recalibrate and validation is None:
+        raise ValueError("--recalibrate needs --validation")
     steps_per_epoch = -(-len(train) // cfg.batch_size)
     if cfg.max_steps_per_epoch is not None:
         steps_per_epoch = min(steps_per_epoch, cfg.max_steps_per_epoch)
-    total_steps = max(1, cfg.epochs * steps_per_epoch)
-    step_index = 0
-    # A fixed sample of train rows, scored after each epoch (train NE).
-    train_rows = np.sort(
-        np.random.default_rng([cfg.seed, 7]).permutation(len(train))[
-            : cfg.train_ne_sample
-        ]
+    trainer = FitTrainer(
+        cfg,
+        config,
+        base_rate_logits(train),
+        device,
+        autocast,
+        total_steps=max(1, cfg.epochs * steps_per_epoch),
     )
-
-    epoch_loss: list[float] = []
-    train_ne: list[float | None] = []
-    validation_ne: list[float | None] = []
-    best: tuple[float, int, dict[str, torch.Tensor]] | None = None
-    validation_rows = None
-    if validation is not None and cfg.validation_sample is not None:
-        validation_rows = np.sort(
-            np.random.default_rng([cfg.seed, 8]).permutation(len(validation))[
-                : cfg.validation_sample
-            ]
+    history = _train_epochs(cfg, trainer, train, validation, steps_per_epoch)
+    if history.best is not None:
+        trainer.model.load_state_dict(history.best[2])
+    shifts = None
+    if cfg.recalibrate and validation is not None:
+        shifts = recalibrate(trainer.model, validation, autocast)
+    with autocast:
+        metrics = evaluate_dataset(
+            trainer.model, evals, predictions_out=predictions_out
         )
-    seen, train_seconds = 0, 0.0
+    saved = None
+    if save_dir is not None:
+        saved = save_fitted(
+            save_dir,
+            trainer,
+            cfg,
+            config,
+            trained_until_ms=int(event_time_ms(train.examples).max(initial=0)),
+        )
+    report = {
+        "checkpoint": saved,
+        "config": {
+            "fit": dataclasses.asdict(cfg),
+            "model": dataclasses.asdict(config),
+            "parameters": sum(p.numel() for p in trainer.model.parameters()),
+            "output_bias_init": "logit of the train base rate per task",
+            "torch_threads": torch.get_num_threads(),
+            "device": _device_name(device),
+            "precision": cfg.precision if device.type == "cuda" else "fp32",
+        },
+        "train": {
+            "examples": len(train),
+            **history.report(),
+            "recalibration_shifts": shifts,
+        },
+        "eval_examples": len(evals),
+        **metrics,
+    }
+    return json_safe(report)
+
+
+def _device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+
+
+@dataclasses.dataclass
+class _History:
+    """What the epochs did: the report's ``train`` section, and the best
+    epoch's weights when a validation set chose one."""
+
+    epoch_loss: list[float] = dataclasses.field(default_factory=list)
+    train_ne: list[float | None] = dataclasses.field(default_factory=list)
+    validation_ne: list[float | None] = dataclasses.field(default_factory=list)
+    best: tuple[float, int, dict[str, torch.Tensor]] | None = None
+    epochs_run: int = 0
+    seen: int = 0
+    seconds: float = 0.0
+    validation_examples: int = 0
+
+    def report(self) -> dict[str, Any]:
+        """The report's ``train`` section (its example count aside)."""
+        return {
+            "examples_seen": self.seen,
+            "seconds": self.seconds,
+            "epochs_run": self.epochs_run,
+            "examples_per_s": self.seen / self.seconds if self.seconds else None,
+            "epoch_loss": self.epoch_loss,
+            "epoch_train_click_ne": self.train_ne,
+            "epoch_validation_click_ne": self.validation_ne,
+            "selected_epoch": self.epochs_run - 1
+            if self.best is None
+            else self.best[1],
+            "recalibration_shifts": None,
+            "validation_examples": self.validation_examples,
+        }
+
+
+def _sample(rows: int, size: int | None, seed: list[int]) -> np.ndarray | None:
+    """A fixed, sorted sample of ``size`` of ``rows`` row indices (None: all)."""
+    if size is None:
+        return None
+    return np.sort(np.random.default_rng(seed).permutation(rows)[:size])
+
+
+def _train_epochs(
+    cfg: FitConfig,
+    trainer: FitTrainer,
+    train: ExampleDataset,
+    validation: ExampleDataset | None,
+    steps_per_epoch: int,
+) -> _History:
+    """Every epoch (until ``max_train_seconds``), each scored on a fixed
+    sample of train rows and on validation; the best on validation is kept."""
+    # A fixed sample of train rows, scored after each epoch (train NE).
+    train_rows = _sample(len(train), cfg.train_ne_sample, [cfg.seed, 7])
+    history = _History()
+    validation_rows = None
+    if validation is not None:
+        validation_rows = _sample(len(validation), cfg.validation_sample, [cfg.seed, 8])
+        history.validation_examples = (
+            len(validation) if validation_rows is None else len(validation_rows)
+        )
     run_started = time.perf_counter()
-    epochs_run = 0
     for epoch in range(cfg.epochs):
         if (
             cfg.max_train_seconds is not None
@@ -353,110 +365,62 @@ def fit(
             and time.perf_counter() - run_started > cfg.max_train_seconds
         ):
             break
-        # Sum losses as a tensor: one host sync per epoch, not per step.
-        total, steps = torch.zeros((), device=device), 0
-        started = time.perf_counter()
-        bar = progress(f"epoch {epoch + 1}/{cfg.epochs}", total=steps_per_epoch)
-        with bar as epoch_bar:
-            for batch in train.batches(
-                cfg.batch_size,
-                shuffle=True,
-                seed=cfg.seed,
-                epoch=epoch,
-                max_batches=cfg.max_steps_per_epoch,
-                pin_memory=on_gpu,
-            ):
-                if on_gpu:
-                    batch = batch.to(device, non_blocking=True)
-                factor = lr_factor(cfg.lr_schedule, step_index, total_steps)
-                for group, base_lr in zip(
-                    optimizer.param_groups, base_lrs, strict=True
-                ):
-                    group["lr"] = base_lr * factor
-                step_index += 1
-                with autocast:
-                    out = train_step(model, batch, optimizer, cfg.max_grad_norm)
-                total += out.loss
-                steps += 1
-                seen += batch.size
-                epoch_bar.advance()
-        if on_gpu:
-            torch.cuda.synchronize(device)  # the epoch's time includes its kernels
-        train_seconds += time.perf_counter() - started
-        epochs_run += 1
-        epoch_loss.append(float(total) / max(steps, 1))
-        with autocast:
-            train_ne.append(_click_ne(evaluate_dataset(model, train, rows=train_rows)))
-        line = f"epoch {epoch}: mean train loss {epoch_loss[-1]:.5f}"
-        line += f", train click NE {_fmt(train_ne[-1])}"
+        _epoch(cfg, trainer, train, epoch, steps_per_epoch, history)
+        with trainer.autocast:
+            scores = evaluate_dataset(trainer.model, train, rows=train_rows)
+        history.train_ne.append(_click_ne(scores))
+        line = f"epoch {epoch}: mean train loss {history.epoch_loss[-1]:.5f}"
+        line += f", train click NE {_fmt(history.train_ne[-1])}"
         if validation is not None:
-            with autocast:
-                validation_ne.append(
-                    _click_ne(evaluate_dataset(model, validation, rows=validation_rows))
+            with trainer.autocast:
+                scores = evaluate_dataset(
+                    trainer.model, validation, rows=validation_rows
                 )
-            line += f", validation click NE {_fmt(validation_ne[-1])}"
-            score = validation_ne[-1]
-            if score is not None and (best is None or score < best[0]):
-                best = (score, epoch, copy.deepcopy(model.state_dict()))
+            score = _click_ne(scores)
+            history.validation_ne.append(score)
+            line += f", validation click NE {_fmt(score)}"
+            if score is not None and (history.best is None or score < history.best[0]):
+                state = copy.deepcopy(trainer.model.state_dict())
+                history.best = (score, epoch, state)
         print(line, file=sys.stderr)
+    return history
 
-    best_epoch = epochs_run - 1
-    if best is not None:
-        best_epoch = best[1]
-        model.load_state_dict(best[2])
-    shifts = None
-    if cfg.recalibrate:
-        if validation is None:
-            raise ValueError("--recalibrate needs --validation")
-        shifts = recalibrate(model, validation, autocast)
-    with autocast:
-        metrics = evaluate_dataset(model, evals, predictions_out=predictions_out)
-    saved = None
-    if save_dir is not None:
-        saved = save_fitted(
-            save_dir,
-            eager,
-            optimizer,
-            cfg,
-            config,
-            step=step_index,
-            trained_until_ms=int(event_time_ms(train.examples).max(initial=0)),
-        )
-    return json_safe(
-        {
-            "checkpoint": saved,
-            "config": {
-                "fit": dataclasses.asdict(cfg),
-                "model": dataclasses.asdict(config),
-                "parameters": sum(p.numel() for p in model.parameters()),
-                "output_bias_init": "logit of the train base rate per task",
-                "torch_threads": torch.get_num_threads(),
-                "device": torch.cuda.get_device_name(device) if on_gpu else "cpu",
-                "precision": cfg.precision if on_gpu else "fp32",
-            },
-            "train": {
-                "examples": len(train),
-                "examples_seen": seen,
-                "seconds": train_seconds,
-                "epochs_run": epochs_run,
-                "examples_per_s": seen / train_seconds if train_seconds else None,
-                "epoch_loss": epoch_loss,
-                "epoch_train_click_ne": train_ne,
-                "epoch_validation_click_ne": validation_ne,
-                "selected_epoch": best_epoch,
-                "recalibration_shifts": shifts,
-                "validation_examples": (
-                    0
-                    if validation is None
-                    else len(validation)
-                    if validation_rows is None
-                    else len(validation_rows)
-                ),
-            },
-            "eval_examples": len(evals),
-            **metrics,
-        }
-    )
+
+def _epoch(
+    cfg: FitConfig,
+    trainer: FitTrainer,
+    train: ExampleDataset,
+    epoch: int,
+    steps_per_epoch: int,
+    history: _History,
+) -> None:
+    """One pass over ``train`` in the epoch's seeded order."""
+    device = trainer.device
+    on_gpu = device.type == "cuda"
+    # Sum losses as a tensor: one host sync per epoch, not per step.
+    total, steps = torch.zeros((), device=device), 0
+    started = time.perf_counter()
+    bar = progress(f"epoch {epoch + 1}/{cfg.epochs}", total=steps_per_epoch)
+    with bar as epoch_bar:
+        for batch in train.batches(
+            cfg.batch_size,
+            shuffle=True,
+            seed=cfg.seed,
+            epoch=epoch,
+            max_batches=cfg.max_steps_per_epoch,
+            pin_memory=on_gpu,
+        ):
+            if on_gpu:
+                batch = batch.to(device, non_blocking=True)
+            total += trainer.step(batch)
+            steps += 1
+            history.seen += batch.size
+            epoch_bar.advance()
+    if on_gpu:
+        torch.cuda.synchronize(device)  # the epoch's time includes its kernels
+    history.seconds += time.perf_counter() - started
+    history.epochs_run += 1
+    history.epoch_loss.append(float(total) / max(steps, 1))
 
 
 def load_datasets(
@@ -485,32 +449,22 @@ def load_datasets(
 
 def save_fitted(
     directory: Path,
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
+    trainer: FitTrainer,
     cfg: FitConfig,
     config: ModelConfig,
     *,
-    step: int,
     trained_until_ms: int,
 ) -> str:
-    """Write the trained ``model`` (the ``BaseRateOffset``-wrapped one, not
+    """Write the trained model (the ``BaseRateOffset``-wrapped one, not
     compiled) in the daemon's checkpoint format; returns the path.
 
     The state dict is ``GEMTrain``'s (``model.``-prefixed), what
     :func:`trainer.distill.teacher.load_teacher` and the daemon load.
     """
-    # CPU copies: the checkpoint loads the same on a machine without a GPU.
-    state = {f"model.{k}": v.detach().cpu() for k, v in model.state_dict().items()}
-    if isinstance(optimizer, _Combined):
-        optimizer_state: Any = [o.state_dict() for o in optimizer.optimizers]
-    else:
-        optimizer_state = optimizer.state_dict()
     path = save_checkpoint(
         directory,
         {
-            "model": state,
-            "optimizer": optimizer_state,
-            "step": step,
+            **trainer.state_dict(),
             "offsets": {},
             "trained_until_ms": trained_until_ms,
             "fit": json_safe(dataclasses.asdict(cfg)),

@@ -2,22 +2,25 @@
 
 The settings of one offline run (:class:`FitConfig`, ``python -m
 trainer.fit``) and of one daemon run (:class:`DaemonConfig`, ``python -m
-trainer.daemon``), and the names their flags offer. The dataclasses are the
-single source of the defaults: the commands build their flags from the
-fields (:mod:`trainer.cli`), so this module imports nothing
+trainer.daemon``), and the names their flags offer. Each field that is a flag
+carries its default and, as :func:`trainer.cli.flag` metadata, its help:
+the commands generate their flags from the dataclasses, so this module imports nothing
 heavy and ``--help`` answers before torch loads.
 
 The name tuples mirror the registries that build the things they name
 (:data:`trainer.models.registry.MODEL_NAMES`, :data:`trainer.models.config.PRESETS`,
-:mod:`trainer.distributed.sharding`, :data:`trainer.distill.student.STUDENT_PRESETS`);
-``tests/test_trainer_cli.py`` checks that they agree.
+:mod:`trainer.distributed.sharding`); ``tests/test_trainer_cli.py`` checks
+that they agree.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import field
 from pathlib import Path
 from typing import Final
+
+from trainer.cli import flag, positive_float, positive_int
 
 MODEL_NAMES: Final = (
     "gem",
@@ -30,70 +33,229 @@ MODEL_NAMES: Final = (
 PRESET_NAMES: Final = ("tiny", "default", "large")
 SHARDINGS: Final = ("replicated", "model-parallel")
 EMBEDDING_OPTIMIZERS: Final = ("auto", "adam", "adagrad", "sgd")
-STUDENT_NAMES: Final = ("dlrm_small", "dlrm_tiny")
 # trainer.distributed.sharding.DEFAULT_MIN_ROWS: pooled tables smaller than this stay
 # replicated under --sharding model-parallel.
 MIN_SHARDED_ROWS: Final = 1_000
+# Both commands train a real model unless told otherwise; the tests and the
+# demos that want the unit tests' model pass --preset tiny.
+DEFAULT_PRESET: Final = "default"
+PRESET_HELP: Final = (
+    "model size (tiny: the unit tests'; default: a 2-core CPU's; large: a GPU's)"
+)
+THREADS_HELP: Final = "torch intra-op threads"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class FitConfig:
     """One offline run: data, model, schedule (``python -m trainer.fit``)."""
 
-    train: Path
-    eval: Path
-    model: str = "gem"
-    preset: str = "tiny"
-    epochs: int = 1
-    batch_size: int = 256
-    max_seq_len: int | None = None  # None: the preset's
-    lr: float = 1e-3
-    lr_schedule: str = "constant"  # constant | cosine (to 0 over the run)
-    embedding_lr: float = 0.05  # Adagrad's, with --optimizer adam+adagrad
-    optimizer: str = "adam"
+    train: Path = field(metadata=flag("feature-job output to train on"))
+    eval: Path = field(
+        metadata=flag("feature-job output to evaluate the selected epoch on")
+    )
+    validation: Path | None = field(
+        default=None,
+        metadata=flag(
+            "feature-job output scored after every epoch; the epoch with the "
+            "lowest overall click NE is the one evaluated"
+        ),
+    )
+    model: str = field(
+        default="gem", metadata=flag("model to train", choices=MODEL_NAMES)
+    )
+    preset: str = field(
+        default=DEFAULT_PRESET, metadata=flag(PRESET_HELP, choices=PRESET_NAMES)
+    )
+    epochs: int = field(
+        default=1, metadata=flag("passes over --train", type=positive_int)
+    )
+    batch_size: int = field(
+        default=256, metadata=flag("examples per step", type=positive_int)
+    )
+    max_seq_len: int | None = field(
+        default=None,
+        metadata=flag(
+            "longest history window (default: the preset's)", type=positive_int
+        ),
+    )
+    lr: float = field(
+        default=1e-3, metadata=flag("learning rate (Adam)", type=positive_float)
+    )
+    lr_schedule: str = field(
+        default="constant",
+        metadata=flag(
+            "cosine: anneal every learning rate to 0 over the run",
+            choices=("constant", "cosine"),
+        ),
+    )
+    embedding_lr: float = field(
+        default=0.05,
+        metadata=flag(
+            "Adagrad's learning rate for the tables (--optimizer adam+adagrad)",
+            type=positive_float,
+        ),
+    )
+    optimizer: str = field(
+        default="adam",
+        metadata=flag(
+            "adam: one Adam for everything; adam+adagrad: Adagrad for the "
+            "embedding tables",
+            choices=("adam", "adam+adagrad"),
+        ),
+    )
     max_grad_norm: float = 10.0
-    max_steps_per_epoch: int | None = None
-    validation: Path | None = None  # per-epoch selection set (before eval)
+    max_steps_per_epoch: int | None = field(
+        default=None,
+        metadata=flag("stop each epoch after this many steps", type=positive_int),
+    )
     validation_sample: int | None = None  # score a fixed sample of it (None: all)
     train_ne_sample: int = 10_000  # train examples scored after each epoch
-    seed: int = 0
-    threads: int = 1
-    device: str = "auto"  # auto: cuda if available, else cpu
-    precision: str = "fp32"  # fp32 | bf16 (autocast, GPU only)
-    max_train_seconds: float | None = None  # no new epoch after this
-    recalibrate: bool = False  # shift output biases to calibrate on validation
-    compile: str | None = None  # a torch.compile backend (inductor, ...); None: eager
+    seed: int = field(default=0, metadata=flag("model init and epoch order"))
+    threads: int = field(default=1, metadata=flag(THREADS_HELP, type=positive_int))
+    device: str = field(
+        default="auto", metadata=flag("auto (cuda if torch sees one) | cpu | cuda[:N]")
+    )
+    precision: str = field(
+        default="fp32",
+        metadata=flag(
+            "bf16: autocast the forward on a GPU (ignored on the CPU)",
+            choices=("fp32", "bf16"),
+        ),
+    )
+    max_train_seconds: float | None = field(
+        default=None,
+        metadata=flag("start no new epoch after this many seconds (a safety net)"),
+    )
+    recalibrate: bool = field(
+        default=False,
+        metadata=flag(
+            "after training, shift each task's output bias so the whole "
+            "validation period is calibrated (needs --validation)"
+        ),
+    )
+    compile: str | None = field(
+        default=None,
+        metadata=flag(
+            "run the model under torch.compile (inductor when no backend is "
+            "given; aot_eager traces without code generation)",
+            nargs="?",
+            const="inductor",
+            metavar="BACKEND",
+        ),
+    )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class DaemonConfig:
     """One daemon run (``python -m trainer.daemon``)."""
 
-    topic: str
-    checkpoint_dir: Path
-    group: str = "gem-trainer"
-    model: str = "gem"
-    preset: str = "default"
-    lr: float = 1e-3
-    seed: int = 0
-    checkpoint_every: int = 50
-    keep: int = 3
-    idle_seconds: float | None = None
-    max_steps: int | None = None
-    queue_size: int = 8
-    dead_letter: str | None = None
-    log_every: int = 10
-    window_examples: int = 2000
-    metrics_jsonl: Path | None = None
-    prometheus_port: int = 0
-    metrics_address: str = "127.0.0.1"
-    start_fresh: bool = False
-    tensorboard_dir: Path | None = None
-    plot: Path | None = None
-    prior_click_rate: float = 0.02
-    prior_conversion_rate: float = 0.002
-    device: str = "auto"
-    sharding: str = "replicated"
-    embedding_optimizer: str = "auto"
-    embedding_lr: float | None = None
-    min_sharded_rows: int = MIN_SHARDED_ROWS
+    topic: str = field(metadata=flag("topic of example messages to train from"))
+    group: str = field(
+        default="gem-trainer",
+        metadata=flag("Kafka consumer group (every rank of a run joins it)"),
+    )
+    checkpoint_dir: Path = field(metadata=flag("checkpoints: resumed from, written to"))
+    model: str = field(
+        default="gem", metadata=flag("model to train", choices=MODEL_NAMES)
+    )
+    preset: str = field(
+        default=DEFAULT_PRESET, metadata=flag(PRESET_HELP, choices=PRESET_NAMES)
+    )
+    lr: float = field(default=1e-3, metadata=flag("learning rate", type=positive_float))
+    seed: int = field(default=0, metadata=flag("model init"))
+    checkpoint_every: int = field(
+        default=50, metadata=flag("steps between checkpoints", type=positive_int)
+    )
+    keep: int = field(
+        default=3, metadata=flag("newest checkpoints kept", type=positive_int)
+    )
+    idle_seconds: float | None = field(
+        default=None,
+        metadata=flag(
+            "bounded run: stop once no record came for this long", type=positive_float
+        ),
+    )
+    max_steps: int | None = field(
+        default=None, metadata=flag("stop after this many steps", type=positive_int)
+    )
+    queue_size: int = 8  # decoded messages buffered ahead of the step
+    dead_letter: str | None = field(
+        default=None,
+        metadata=flag(
+            "where poison messages go: a topic, or a .jsonl file "
+            "(default: <topic>.dead-letter)"
+        ),
+    )
+    log_every: int = field(
+        default=10, metadata=flag("steps between metrics records", type=positive_int)
+    )
+    window_examples: int = field(
+        default=2000,
+        metadata=flag("examples in the recent-window metrics", type=positive_int),
+    )
+    metrics_jsonl: Path | None = field(
+        default=None,
+        metadata=flag(
+            "append a JSON metrics record there every --log-every steps", metavar="FILE"
+        ),
+    )
+    prometheus_port: int = field(
+        default=0, metadata=flag("serve Prometheus metrics on this port (0: off)")
+    )
+    metrics_address: str = field(
+        default="127.0.0.1",
+        metadata=flag(
+            "address the Prometheus endpoint listens on (0.0.0.0: every interface)"
+        ),
+    )
+    start_fresh: bool = field(
+        default=False,
+        metadata=flag(
+            "when no checkpoint in --checkpoint-dir verifies, train a new model "
+            "from the topic's earliest offsets instead of refusing to start"
+        ),
+    )
+    tensorboard_dir: Path | None = field(
+        default=None,
+        metadata=flag("write TensorBoard event files there", name="--tensorboard"),
+    )
+    plot: Path | None = field(
+        default=None,
+        metadata=flag(
+            "PNG of the progressive-NE curves, written at the end", metavar="FILE"
+        ),
+    )
+    device: str = field(
+        default="auto", metadata=flag("auto: this rank's GPU if any, else cpu")
+    )
+    prior_click_rate: float = field(
+        default=0.02, metadata=flag("click rate every output starts at")
+    )
+    prior_conversion_rate: float = field(
+        default=0.002, metadata=flag("conversion rate every output starts at")
+    )
+    sharding: str = field(
+        default="replicated",
+        metadata=flag(
+            "replicated: every rank holds all tables; model-parallel: TorchRec "
+            "shards the tables",
+            choices=SHARDINGS,
+        ),
+    )
+    embedding_optimizer: str = field(
+        default="auto",
+        metadata=flag(
+            "auto: adam (with the dense part) when replicated, adagrad when "
+            "model-parallel (fbgemm's fused CPU kernel has no Adam)",
+            choices=EMBEDDING_OPTIMIZERS,
+        ),
+    )
+    embedding_lr: float | None = field(
+        default=None,
+        metadata=flag("the tables' learning rate (default: --lr)", type=positive_float),
+    )
+    min_sharded_rows: int = field(
+        default=MIN_SHARDED_ROWS,
+        metadata=flag("model-parallel: pooled tables with fewer rows stay replicated"),
+    )
+    threads: int = field(default=1, metadata=flag(THREADS_HELP, type=positive_int))
