@@ -106,7 +106,7 @@ def test_fit_on_cuda_reports_the_device_and_close_metrics(tmp_path: Path) -> Non
     fit_module.fit(
         fit_module.FitConfig(
             train=tmp_path / "train", eval=tmp_path / "eval", model="dlrm",
-            max_seq_len=32, device="cuda", max_steps_per_epoch=2,
+            max_seq_len=32, device="cuda", max_steps_per_epoch=2, preset="tiny",
         ),
         predictions_out=predictions,
     )  # fmt: skip
