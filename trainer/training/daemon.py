@@ -99,6 +99,7 @@ from trainer.training.checkpoint import (
     resume_state,
     save_checkpoint,
 )
+from trainer.training.device import resolve_device
 from trainer.training.run_config import DaemonConfig
 from trainer.training.step import scored
 
@@ -109,15 +110,6 @@ HAS_BATCH, EXAMPLES, PARTITION, OFFSET, STOP, DRAINED, READY, FAILED = range(8)
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 EXIT_NO_CHECKPOINT = 2
 EXIT_CHECKPOINT_WRITE = 3
-
-
-def _device(name: str) -> torch.device:
-    """``auto``: this rank's GPU when there is one (torchrun's LOCAL_RANK), else CPU."""
-    if name != "auto":
-        return torch.device(name)
-    if torch.cuda.is_available():
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-    return torch.device("cpu")
 
 
 def _die_with_launcher() -> None:
@@ -149,7 +141,7 @@ class _Stop:
 def run(config: DaemonConfig, settings: KafkaSettings) -> dict[str, Any]:
     """Run the daemon until stopped or drained; returns the final metrics."""
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
-    device = _device(config.device)
+    device = resolve_device(config.device)
     on_gpu = device.type == "cuda"
     if on_gpu:
         torch.cuda.set_device(device)

@@ -96,6 +96,7 @@ from trainer.models.config import preset as preset_config
 from trainer.models.loss_wrapper import GEMTrain
 from trainer.models.registry import build_model, model_config
 from trainer.training.checkpoint import model_record, save_checkpoint
+from trainer.training.device import autocast_for, resolve_device
 from trainer.training.optimizers import adam
 from trainer.training.run_config import FitConfig
 from trainer.training.step import (
@@ -104,32 +105,6 @@ from trainer.training.step import (
     eval_step,
     train_step,
 )
-
-
-def resolve_device(name: str) -> torch.device:
-    """``auto`` → the current CUDA device if torch sees one, else the CPU.
-
-    Example:
-        >>> resolve_device("cpu")
-        device(type='cpu')
-    """
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"--device {name}: torch sees no CUDA device here")
-    return device
-
-
-def autocast_for(device: torch.device, precision: str) -> torch.autocast:
-    """The forward's autocast context: bf16 on a GPU when asked, else off."""
-    if precision not in ("fp32", "bf16"):
-        raise ValueError(f"unknown precision {precision!r}; choose fp32 or bf16")
-    return torch.autocast(
-        device.type,
-        dtype=torch.bfloat16,
-        enabled=precision == "bf16" and device.type == "cuda",
-    )
 
 
 def resolved_model_config(
