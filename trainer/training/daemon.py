@@ -79,12 +79,9 @@ import torch.distributed as dist
 
 from features.kafka import KafkaSettings
 from trainer.data.kafka_source import KafkaSource
-from trainer.distributed.sharding import (
-    OptimizerConfig,
-    borrow_batch,
-    build_strategy,
-    resolve_embedding_optimizer,
-)
+from trainer.distributed.model_parallel import borrow_batch
+from trainer.distributed.sharding import build_strategy
+from trainer.distributed.tables import OptimizerConfig, resolve_embedding_optimizer
 from trainer.metrics.progressive import ProgressiveMetrics
 from trainer.metrics.prometheus import RunTotals
 from trainer.metrics.reporting import Reporter
