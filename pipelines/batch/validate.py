@@ -28,12 +28,12 @@ from apache_beam import pvalue
 from apache_beam.metrics import Metrics
 
 from features.deadletter import DeadLetter
+from features.event_table import event_table_reasons
 from features.events import (
     EVENT_COLUMNS,
     EVENT_SCHEMA,
     decode_event,
     encode_event_table,
-    event_table_reasons,
     events_from_records,
     now_ms,
 )

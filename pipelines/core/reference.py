@@ -53,6 +53,7 @@ import pyarrow.parquet as pq
 
 from features import vocab
 from features.deadletter import DeadLetter
+from features.event_table import event_table_reasons
 from features.events import (
     CLICK_WINDOW,
     CONVERSION_WINDOW,
@@ -61,7 +62,6 @@ from features.events import (
     SCHEMA_VERSION,
     decode_event,
     encode_event_table,
-    event_table_reasons,
     events_from_records,
 )
 from features.examples import TIMELINE_SCHEMA, training_example_schema

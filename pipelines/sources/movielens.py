@@ -107,11 +107,8 @@ import pyarrow.parquet as pq
 
 from features import vocab
 from features.dimensions import AD_SCHEMA, CONTENT_SCHEMA, USER_SCHEMA
-from features.events import (
-    EVENT_SCHEMA,
-    SCHEMA_VERSION,
-    validate_event_table,
-)
+from features.event_table import validate_event_table
+from features.events import EVENT_SCHEMA, SCHEMA_VERSION
 
 LAYOUT_100K: Final = "ml-100k"
 LAYOUT_1M: Final = "ml-1m"
