@@ -25,11 +25,8 @@ from trainer.modules.attention import (
 from trainer.modules.embeddings import (
     DenseTokens,
     InputAdapter,
-    JaggedTokens,
-    MatchShare,
     SequenceEmbeddings,
     SparseEmbeddings,
-    TargetMatch,
 )
 from trainer.modules.heads import MultiDomainHeads
 from trainer.modules.interformer import (
@@ -40,12 +37,14 @@ from trainer.modules.interformer import (
     SequenceSummary,
 )
 from trainer.modules.pyramid import PyramidEncoder, PyramidLevel, TargetAwareAttention
+from trainer.modules.target_match import MatchShare, TargetMatch
 from trainer.modules.wukong import (
     FactorizationMachineBlock,
     LinearCompressBlock,
     Wukong,
     WukongLayer,
 )
+from trainer.ops import JaggedTokens
 
 D = 8
 LENGTHS = [3, 0, 9, 1]

@@ -46,14 +46,14 @@ class EmbeddingConfig:
             truncated, oldest dropped).
         target_match: add to every event token an embedding of (its category
             equals the candidate ad's, time bucket, action)
-            (:class:`trainer.modules.embeddings.TargetMatch`).
+            (:class:`trainer.modules.target_match.TargetMatch`).
         target_match_shared: add the match bit's own embedding too, shared by
             every time bucket and action (on by default: it doubled the
             long-term interest GEM captures on generated data, see
             ``benchmarks/README.md``).
         match_share: add a non-sequence token made from how many of the
             window's events match the candidate's category, and out of how
-            many (:class:`trainer.modules.embeddings.MatchShare`).
+            many (:class:`trainer.modules.target_match.MatchShare`).
     """
 
     dim: int

@@ -29,9 +29,10 @@ from torch import nn
 
 from trainer.models.config import InterFormerConfig, ModelConfig
 from trainer.modules.attention import PMA, Gating, JaggedSelfAttention
-from trainer.modules.embeddings import JaggedTokens, mlp
+from trainer.modules.mlp import mlp
 from trainer.modules.wukong import LinearCompressBlock, Wukong
 from trainer.ops import (
+    JaggedTokens,
     Kernel,
     jagged_dense_bmm,
     jagged_first_k,
@@ -229,7 +230,7 @@ class InterFormer(nn.Module):
 
     Example:
         >>> from trainer.models.config import tiny
-        >>> from trainer.modules.embeddings import JaggedTokens
+        >>> from trainer.ops import JaggedTokens
         >>> trunk = InterFormer(5, 0, tiny())
         >>> seq = JaggedTokens(torch.randn(3, 8), torch.tensor([0, 3, 3]), 3)
         >>> trunk(torch.randn(2, 5, 8), seq).shape
