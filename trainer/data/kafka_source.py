@@ -1,10 +1,10 @@
 """Training batches from a Kafka topic of example messages, for the daemon.
 
 One background thread owns the kafka-python consumer (it is not thread-safe):
-it polls, decodes (:mod:`features.example_messages`) and builds the
-:class:`~trainer.data.batch.Batch` (:func:`trainer.data.inputs.make_batch`), and puts
-ready :class:`Item` s on a bounded queue, so decoding runs ahead of the step
-but never more than ``queue_size`` messages.
+it polls, decodes each record into a :class:`~trainer.data.batch.Batch`
+(:mod:`trainer.data.record_decoder`), and puts ready :class:`Item` s on a
+bounded queue, so decoding runs ahead of the step but never more than
+``queue_size`` messages.
 
 Offsets: the *trainer* decides where reading starts, not the group. The main
 loop reports every record it has applied (:meth:`KafkaSource.mark`); when the
@@ -16,12 +16,9 @@ the group's committed offset, else the earliest (always the earliest with
 ``start_at_earliest``: a new model beside unusable checkpoints). The last
 requested commit is sent before the consumer closes.
 
-Poison: a message that does not decode, or whose ids are out of range
-(``make_batch`` raises ValueError), becomes a dead letter
-(:mod:`trainer.data.dead_letter_writer`) with partition, offset and reason,
-and an :class:`Item` with ``batch=None`` so the loop still advances past it.
-Whatever a record holds, decoding it never raises: any error becomes the
-dead letter's reason.
+Poison: a record that gives no batch (:mod:`trainer.data.record_decoder`)
+becomes a dead letter (:mod:`trainer.data.dead_letter_writer`) and an
+:class:`Item` with ``batch=None``, so the loop still advances past it.
 
 Lag (:meth:`KafkaSource.lag`): after every poll the thread notes each
 assigned partition's end offset from what the fetch responses already carry
@@ -46,16 +43,14 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
-from features.example_messages import decode_example_message
 from features.kafka.settings import MAX_MESSAGE_BYTES, KafkaSettings
 from trainer.data.batch import Batch
 from trainer.data.dead_letter_writer import MAX_BACKOFF_S, DeadLetterWriter
-from trainer.data.inputs import make_batch
 from trainer.data.partition_merge import EventTimeMerge
+from trainer.data.record_decoder import RecordDecoder, RecordFormat
 
 log = logging.getLogger(__name__)
 
@@ -96,12 +91,14 @@ class KafkaSource:
         settings: the cluster.
         topic: example-message topic.
         group: consumer group id (every rank of a run uses the same).
-        max_seq_len: history window length for :func:`make_batch`.
+        max_seq_len: history window length of the batches.
         offsets: next offset per partition to start from (the checkpoint's).
         queue_size: decoded messages buffered ahead of the step.
         dead_letter: a topic name, or a path ending in ``.jsonl``; default
             ``<topic>.dead-letter``.
         poll_ms: poll timeout of the background thread.
+        pin_memory, keep_examples, decode_record: how records are decoded
+            (:class:`~trainer.data.record_decoder.RecordDecoder`).
         start_at_earliest: partitions missing from ``offsets`` start at their
             earliest offset, not at the group's committed one.
     """
@@ -120,21 +117,12 @@ class KafkaSource:
         pin_memory: bool = False,
         keep_examples: bool = False,
         start_at_earliest: bool = False,
-        decode_record: Callable[
-            [bytes, list[tuple[str, bytes]]], tuple[Any, str | None]
-        ]
-        | None = None,
+        decode_record: RecordFormat | None = None,
     ) -> None:
         self.settings = settings
-        # Both off by default: keep the decoded example rows on each Item, or
-        # decode another record format (value, headers) -> (payload, reason).
-        self.keep_examples = keep_examples
-        self.decode_record = decode_record
-        self.pin_memory = pin_memory
         self.start_at_earliest = start_at_earliest
         self.topic = topic
         self.group = group
-        self.max_seq_len = max_seq_len
         self.dead_letter = dead_letter or f"{topic}.dead-letter"
         self.poll_ms = poll_ms
         self._queue: queue.Queue[Item] = queue.Queue(maxsize=queue_size)
@@ -164,6 +152,13 @@ class KafkaSource:
         self._merge = EventTimeMerge()
         self._dead_letters = DeadLetterWriter(
             settings, topic, self.dead_letter, self._closing
+        )
+        self._decoder = RecordDecoder(
+            self._dead_letters,
+            max_seq_len=max_seq_len,
+            pin_memory=pin_memory,
+            keep_examples=keep_examples,
+            decode_record=decode_record,
         )
         self._thread = threading.Thread(
             target=self._run, name="kafka-source", daemon=True
@@ -455,57 +450,17 @@ class KafkaSource:
 
     def _decode(self, partition: int, message: Any) -> Item:
         """Record → Item; poison becomes a dead letter and an empty Item."""
-        try:
-            return self._decode_or_raise(partition, message)
-        except Exception as error:  # outside bytes must never stop the reader
-            reason = f"undecodable ({type(error).__name__}: {error})"
-            self._dead_letters.set_aside(partition, message, reason)
-            return Item(partition, message.offset, None, self._current_generation())
-
-    def _decode_or_raise(self, partition: int, message: Any) -> Item:
-        headers = [(k, v) for k, v in (message.headers or [])]
-        if self.decode_record is not None:
-            payload, why = self.decode_record(message.value or b"", headers)
-            if why is not None:
-                self._dead_letters.set_aside(partition, message, why)
-                payload = None
-            return Item(
-                partition,
-                message.offset,
-                None,
-                self._current_generation(),
-                payload=payload,
-            )
-        decoded = decode_example_message(message.value, headers or None)
-        batch, reason = None, decoded.reason
-        if decoded.ok:
-            try:
-                # The segments only reach back as far as the producer's
-                # window: read at most that many events.
-                window = min(self.max_seq_len, decoded.max_seq_len or 0)
-                batch = make_batch(
-                    decoded.examples, decoded.segments, max_seq_len=window
-                )
-            except ValueError as error:
-                reason = f"invalid examples: {error}"
-            else:
-                if self.pin_memory:
-                    # Pinned here, on the decode thread, so the step's copy
-                    # to the GPU can be non-blocking.
-                    batch = batch.pin_memory()
-        if batch is None or batch.size == 0:
-            self._dead_letters.set_aside(
-                partition, message, reason or "message holds no examples"
-            )
-            batch = None
-        kept = decoded if self.keep_examples and batch is not None else None
-        return Item(
-            partition, message.offset, batch, self._current_generation(), decoded=kept
-        )
-
-    def _current_generation(self) -> int:
+        decoded = self._decoder(partition, message)
         with self._lock:
-            return self._generation
+            generation = self._generation
+        return Item(
+            partition,
+            message.offset,
+            decoded.batch,
+            generation,
+            decoded=decoded.examples,
+            payload=decoded.payload,
+        )
 
     def _put(self, item: Item, consumer: Any) -> None:
         from kafka.errors import KafkaError
