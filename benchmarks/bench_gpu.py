@@ -64,9 +64,8 @@ from trainer.data.feature_output import ExampleDataset
 from trainer.models.config import preset
 from trainer.models.loss_wrapper import GEMTrain
 from trainer.models.registry import MODEL_NAMES, build_model
-from trainer.modules.embeddings import JaggedTokens
 from trainer.modules.pyramid import PyramidEncoder
-from trainer.ops import jagged_local_attention
+from trainer.ops import JaggedTokens, jagged_local_attention
 from trainer.training.fit_trainer import make_optimizer
 from trainer.training.run_config import FitConfig
 from trainer.training.step import compile_model, train_step

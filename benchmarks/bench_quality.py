@@ -158,16 +158,6 @@ JOINT_MATCH = "gem_joint_match"
 # sequence target-aware.
 UNTARGETED = "gem_untargeted"
 UNTARGETED_SEP = "gem_untargeted_sep"
-# GEM whose interleaved sequence arch has the per-token FFN after the PFFN
-# (InterFormerConfig.token_ffn), as its "sep" ablation has in place of it.
-TOKEN_FFN = "gem_token_ffn"
-# GEM with the token FFN whose exchange between the arches starts at zero
-# (InterFormerConfig.quiet_pffn and quiet_s_sum): does interleaving lose to
-# "sep" only because its exchange is noise early in training? And the two
-# halves: only the events' PFFN, or only S_sum into Wukong, starts silent.
-QUIET_START = "gem_quiet_start"
-QUIET_PFFN = "gem_quiet_pffn"
-QUIET_S_SUM = "gem_quiet_s_sum"
 
 
 def _embedding(cfg: ModelConfig, **changes: Any) -> ModelConfig:
@@ -204,12 +194,6 @@ GEM_VARIANTS: dict[str, Callable[[ModelConfig], ModelConfig]] = {
     ),
     UNTARGETED: lambda c: _untargeted(c, interleave=True),
     UNTARGETED_SEP: lambda c: _untargeted(c, interleave=False),
-    TOKEN_FFN: lambda c: _interformer(c, token_ffn=True),
-    QUIET_START: lambda c: _interformer(
-        c, token_ffn=True, quiet_pffn=True, quiet_s_sum=True
-    ),
-    QUIET_PFFN: lambda c: _interformer(c, token_ffn=True, quiet_pffn=True),
-    QUIET_S_SUM: lambda c: _interformer(c, token_ffn=True, quiet_s_sum=True),
 }
 # Variants every other model is also bootstrapped against.
 TRIALS = (MATCH_SHARE, POINTWISE_TARGET, READ_PREFIX, PYRAMID_RECENT)

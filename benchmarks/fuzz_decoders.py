@@ -330,6 +330,7 @@ def json_dictionary() -> list[bytes]:
 
 def _check_accepted_event(event: dict[str, Any]) -> None:
     """An accepted event must be usable by everything downstream of decode."""
+    from features.event_table import validate_event_table
     from features.events import (
         EVENT_COLUMNS,
         decode_event,
@@ -337,7 +338,6 @@ def _check_accepted_event(event: dict[str, Any]) -> None:
         encode_event_table,
         events_from_records,
         validate_event,
-        validate_event_table,
     )
 
     with consumer("validate_event raises on an accepted event"):
@@ -573,7 +573,8 @@ def make_event_table(seeds: list[bytes]) -> Check:
     """Target ``event_table``."""
     import pyarrow as pa
 
-    from features.events import EVENT_SCHEMA, validate_event, validate_event_table
+    from features.event_table import validate_event_table
+    from features.events import EVENT_SCHEMA, validate_event
     from pipelines.batch.validate import RawEvents, ValidateEventsFn
 
     validator = ValidateEventsFn(FUZZ_NOW_MS)

@@ -100,11 +100,16 @@ _placeholder_torchrec()
 
 from features.registry import DENSE_FEATURES, SEQUENCE_FEATURES, SPARSE_FEATURES  # noqa: E402
 from trainer.models.config import ModelConfig, preset  # noqa: E402
-from trainer.modules.embeddings import TARGET_FEATURES, JaggedTokens, capped_size, mlp  # noqa: E402
+from trainer.modules.embeddings import TARGET_FEATURES, capped_size  # noqa: E402
 from trainer.modules.heads import MultiDomainHeads, multi_domain_loss  # noqa: E402
 from trainer.modules.interformer import InterFormer  # noqa: E402
+from trainer.modules.mlp import mlp  # noqa: E402
 from trainer.modules.pyramid import PyramidEncoder  # noqa: E402
-from trainer.ops import Kernel, capture_jagged_sizes  # noqa: E402
+from trainer.ops import (  # noqa: E402
+    JaggedTokens,
+    Kernel,
+    capture_jagged_sizes,
+)
 
 
 class PlainGEM(nn.Module):

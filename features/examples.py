@@ -23,7 +23,7 @@ small test set), the same ``seq_*`` list columns sit on the example itself
 Semantics (every producer of examples must compute exactly this; the Beam job
 and the single-process reference are tested against each other):
 
-- **Input**: valid events (:func:`features.events.validate_event_table`), each
+- **Input**: valid events (:func:`features.event_table.validate_event_table`), each
   ``event_id`` counted once, across all users and inputs: its winning copy,
   the first in ``(event_time, user_id, digest)`` order, is the
   event; every other copy is a duplicate (:mod:`features.duplicates`).

@@ -153,7 +153,7 @@ def to_epoch_ms(value: Any) -> int | None:
 def text_reason(name: str, value: str) -> str | None:
     """Why a string cannot be a field's value (not UTF-8 text, too long), or None.
 
-    The table validator (:func:`features.events.validate_event_table`) gives
+    The table validator (:func:`features.event_table.validate_event_table`) gives
     the same reasons, so they are worded for both.
     """
     if not value.isascii():

@@ -6,9 +6,8 @@ Arrow IPC bytes at every shuffle, the runner's copies of them, numpy
 temporaries, Arrow columns; a training step's activations and gradients.
 With glibc's and mimalloc's defaults most of that memory goes back to the
 kernel when freed and is faulted in again (zero-filled) by the next batch or
-step. Measured on the 2 M-event feature benchmark: 2.1-2.7 s of system time
-for about 8 s of user time; on a 2-core trainer, more system time than user
-time (``benchmarks/README.md`` has the figures). :func:`reuse_freed_memory`
+step, so the jobs spend much of their time in the kernel
+(``benchmarks/README.md`` has the figures). :func:`reuse_freed_memory`
 makes both allocators keep freed memory for reuse:
 
 - Arrow allocates from the system allocator (``malloc``) instead of its

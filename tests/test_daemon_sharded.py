@@ -133,12 +133,11 @@ def worker(out: Path) -> None:
     """Rank body of the equality test (run under torchrun, 2 ranks)."""
     import torch.distributed as dist
 
-    from trainer.distributed.sharding import (
+    from trainer.distributed.model_parallel import ModelParallel, borrow_batch
+    from trainer.distributed.replicated import Replicated
+    from trainer.distributed.tables import (
         ADAGRAD_EPS,
-        ModelParallel,
         OptimizerConfig,
-        Replicated,
-        borrow_batch,
         table_parameter_names,
     )
     from trainer.training.checkpoint import save_checkpoint
@@ -312,7 +311,8 @@ def test_a_step_scores_its_batch_as_an_eval_forward_before_it_would(
 ) -> None:
     """The daemon's progressive metrics come from the step's own forward:
     equal to scoring the batch in eval mode just before the step."""
-    from trainer.distributed.sharding import OptimizerConfig, Replicated
+    from trainer.distributed.replicated import Replicated
+    from trainer.distributed.tables import OptimizerConfig
     from trainer.models.loss_wrapper import GEMTrain
     from trainer.models.registry import build_model
     from trainer.training.step import eval_step, scored

@@ -32,12 +32,8 @@ from benchmarks.fuzz_decoders import (
 )
 from features.deadletter import DeadLetter
 from features.dimensions import validate_ad, validate_content, validate_user
-from features.events import (
-    EVENT_SCHEMA,
-    decode_event,
-    validate_event,
-    validate_event_table,
-)
+from features.event_table import validate_event_table
+from features.events import EVENT_SCHEMA, decode_event, validate_event
 from features.example_messages import (
     decode_example_message,
     frame_streams,

@@ -12,19 +12,19 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from features import vocab
+from features.event_table import validate_event_table
 from features.events import (
     EVENT_COLUMNS,
     EVENT_FIELDS,
     EVENT_SCHEMA,
     MAX_CLOCK_SKEW_MS,
-    MAX_STRING_CHARS,
     decode_event,
     encode_event,
     encode_event_table,
     events_from_records,
     validate_event,
-    validate_event_table,
 )
+from features.fields import MAX_STRING_CHARS
 
 NOW = 1_790_000_000_000  # 2026-09-21, a fixed clock for the tests
 

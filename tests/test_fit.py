@@ -23,6 +23,7 @@ from trainer.data.feature_output import (
 )
 from trainer.training import fit as fit_module
 from trainer.training import fit_trainer
+from trainer.training.device import resolve_device
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = GeneratorConfig(users=300, ads=60, days=3, seed=7)
@@ -273,7 +274,7 @@ def test_recalibration_without_validation_is_refused(
 )
 def test_asking_for_cuda_without_a_gpu_names_the_problem() -> None:
     with pytest.raises(ValueError, match="no CUDA device"):
-        fit_module.resolve_device("cuda")
+        resolve_device("cuda")
 
 
 def test_learning_rate_grid_keeps_the_best_validation_run() -> None:

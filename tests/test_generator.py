@@ -17,13 +17,13 @@ import pytest
 
 from features import vocab
 from features.dimensions import AD_SCHEMA, CONTENT_SCHEMA, USER_SCHEMA
+from features.event_table import validate_event_table
 from features.events import (
     CLICK_WINDOW,
     CONVERSION_WINDOW,
     EVENT_COLUMNS,
     EVENT_SCHEMA,
     validate_event,
-    validate_event_table,
 )
 from pipelines import generate as cli
 from pipelines.sources.synthetic import (

@@ -14,9 +14,8 @@ from trainer.models.config import preset, tiny
 from trainer.models.gem import GEM
 from trainer.models.loss_wrapper import GEMTrain
 from trainer.models.registry import MODEL_NAMES, build_model, model_config
-from trainer.modules.embeddings import JaggedTokens
 from trainer.modules.interformer import InterFormer
-from trainer.ops import Kernel
+from trainer.ops import JaggedTokens, Kernel
 from trainer.training.step import (
     collect_predictions,
     compile_model,

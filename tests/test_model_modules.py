@@ -25,11 +25,8 @@ from trainer.modules.attention import (
 from trainer.modules.embeddings import (
     DenseTokens,
     InputAdapter,
-    JaggedTokens,
-    MatchShare,
     SequenceEmbeddings,
     SparseEmbeddings,
-    TargetMatch,
 )
 from trainer.modules.heads import MultiDomainHeads
 from trainer.modules.interformer import (
@@ -40,12 +37,14 @@ from trainer.modules.interformer import (
     SequenceSummary,
 )
 from trainer.modules.pyramid import PyramidEncoder, PyramidLevel, TargetAwareAttention
+from trainer.modules.target_match import MatchShare, TargetMatch
 from trainer.modules.wukong import (
     FactorizationMachineBlock,
     LinearCompressBlock,
     Wukong,
     WukongLayer,
 )
+from trainer.ops import JaggedTokens
 
 D = 8
 LENGTHS = [3, 0, 9, 1]
@@ -163,11 +162,6 @@ CASES: dict[str, tuple[Callable[[], nn.Module], Callable[[], tuple[Any, ...]], A
     ),
     "SequenceArch": (
         lambda: SequenceArch(D, InterFormerConfig()),
-        lambda: (seq(), OFFSETS, 9, torch.randn(B, 4, D)),
-        (L, D),
-    ),
-    "SequenceArch with token FFN": (
-        lambda: SequenceArch(D, InterFormerConfig(token_ffn=True)),
         lambda: (seq(), OFFSETS, 9, torch.randn(B, 4, D)),
         (L, D),
     ),
@@ -389,64 +383,6 @@ def test_read_prefix_hands_the_prefix_tokens_to_the_interaction_arch() -> None:
     # The first Wukong stack sees the 3 prefix tokens besides the 5 inputs,
     # CLS, PMA and recent tokens.
     assert seen[True] == seen[False] + 3
-
-
-def test_token_ffn_arch_is_the_sep_arch_once_the_pffn_is_silent() -> None:
-    """``token_ffn`` adds the PFFN to "sep"'s FFN and nothing else.
-
-    With the PFFN's weight at zero the interleaved arch must compute exactly
-    what the "sep" arch computes from the same FFN and attention weights, so
-    that the two differ only by what the interaction arch says to the events.
-    """
-    torch.manual_seed(0)
-    sep = SequenceArch(D, InterFormerConfig(interleave=False))
-    interleaved = SequenceArch(D, InterFormerConfig(token_ffn=True))
-    interleaved.ffn.load_state_dict(sep.ffn.state_dict())
-    interleaved.attention.load_state_dict(sep.attention.state_dict())
-    interleaved.norm2.load_state_dict(sep.norm2.state_dict())
-    with torch.no_grad():
-        interleaved.pffn.weight.zero_()
-    values, x_sum = seq(), torch.randn(B, 4, D)
-    torch.testing.assert_close(
-        interleaved(values, OFFSETS, 9, x_sum), sep(values, OFFSETS, 9)
-    )
-    # And the PFFN does reach the events once it has a weight.
-    with torch.no_grad():
-        interleaved.pffn.weight.normal_()
-    assert not torch.allclose(
-        interleaved(values, OFFSETS, 9, x_sum), sep(values, OFFSETS, 9)
-    )
-
-
-def test_quiet_exchange_starts_silent_and_learns() -> None:
-    """``quiet_pffn`` and ``quiet_s_sum``: at first neither arch hears the other.
-
-    The interaction arch's output must not depend on the sequence, and the
-    sequence arch's PFFN must add nothing; yet both the PFFN weight and the
-    S_sum scale get gradients, so the exchange can grow.
-    """
-    torch.manual_seed(0)
-    interformer = dataclasses.replace(
-        CFG.interformer,
-        num_layers=2,
-        token_ffn=True,
-        quiet_pffn=True,
-        quiet_s_sum=True,
-    )
-    trunk = InterFormer(5, 0, dataclasses.replace(CFG, interformer=interformer))
-    seen: list[torch.Tensor] = []
-    trunk.interaction[1].register_forward_hook(lambda _m, _args, out: seen.append(out))
-    tokens = torch.randn(B, 5, D)
-    for values in (seq(), 3 * seq() + 1):
-        trunk(tokens, JaggedTokens(values, OFFSETS, 9)).sum().backward()
-    torch.testing.assert_close(seen[0], seen[1])
-    assert trunk.s_sum_scale is not None
-    assert trunk.s_sum_scale.grad != 0
-    for arch in trunk.sequence:
-        assert arch.pffn is not None
-        assert not arch.pffn.weight.any()
-        assert arch.pffn.weight.grad is not None
-        assert arch.pffn.weight.grad.any()
 
 
 def test_pyramid_recent_tokens_follow_the_top_level() -> None:

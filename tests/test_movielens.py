@@ -24,12 +24,8 @@ import pytest
 
 from features import vocab
 from features.dimensions import AD_SCHEMA, CONTENT_SCHEMA, USER_SCHEMA
-from features.events import (
-    CLICK_WINDOW,
-    CONVERSION_WINDOW,
-    EVENT_SCHEMA,
-    validate_event_table,
-)
+from features.event_table import validate_event_table
+from features.events import CLICK_WINDOW, CONVERSION_WINDOW, EVENT_SCHEMA
 from pipelines.movielens import main
 from pipelines.sources import movielens
 from pipelines.sources.movielens import assign_domains, run

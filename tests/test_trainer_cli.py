@@ -32,9 +32,9 @@ from trainer.distill.run_config import (
 )
 from trainer.distill.student import STUDENT_PRESETS
 from trainer.distill.teacher import load_teacher
-from trainer.distributed.sharding import DEFAULT_MIN_ROWS
-from trainer.distributed.sharding import EMBEDDING_OPTIMIZERS as SHARDING_OPTIMIZERS
-from trainer.distributed.sharding import SHARDINGS as SHARDING_MODES
+from trainer.distributed.model_parallel import DEFAULT_MIN_ROWS
+from trainer.distributed.strategy import SHARDINGS as SHARDING_MODES
+from trainer.distributed.tables import EMBEDDING_OPTIMIZERS as SHARDING_OPTIMIZERS
 from trainer.models.base_rate import BaseRateOffset, prior_logits
 from trainer.models.config import PRESETS, config_from_dict, tiny
 from trainer.models.loss_wrapper import GEMTrain

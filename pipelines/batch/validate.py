@@ -2,7 +2,7 @@
 
 Parquet batches are validated whole with
 :func:`features.events.event_table_reasons` (the rules of
-:func:`~features.events.validate_event_table`, a reason per row); JSONL
+:func:`~features.event_table.validate_event_table`, a reason per row); JSONL
 lines and Kafka messages one by one with :func:`features.events.decode_event`
 (then gathered into one table per batch). A rejected event is not an error:
 it leaves on the ``dead_letters`` tagged output as one
@@ -29,12 +29,12 @@ from apache_beam.metrics import Metrics
 
 from features.arrow_ipc import ipc_to_table, table_to_ipc
 from features.deadletter import DeadLetter
+from features.event_table import event_table_reasons
 from features.events import (
     EVENT_COLUMNS,
     EVENT_SCHEMA,
     decode_event,
     encode_event_table,
-    event_table_reasons,
     events_from_records,
     now_ms,
 )

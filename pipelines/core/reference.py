@@ -36,12 +36,12 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from features.deadletter import DeadLetter
+from features.event_table import event_table_reasons
 from features.events import (
     EVENT_COLUMNS,
     EVENT_SCHEMA,
     decode_event,
     encode_event_table,
-    event_table_reasons,
     events_from_records,
 )
 from features.feature_tables import COUNT_NAMES, LAYOUT_VERSION

@@ -84,7 +84,7 @@ Users (one row per user with at least one rating; 1m-dev's users.dat lists
 
 The conversion is vectorized (numpy / pandas / pyarrow; no per-rating Python
 loop) and every event table is checked with
-:func:`features.events.validate_event_table` before anything is written.
+:func:`features.event_table.validate_event_table` before anything is written.
 """
 
 from __future__ import annotations
@@ -104,11 +104,8 @@ import pyarrow.parquet as pq
 
 from features import vocab
 from features.dimensions import AD_SCHEMA, CONTENT_SCHEMA, USER_SCHEMA
-from features.events import (
-    EVENT_SCHEMA,
-    SCHEMA_VERSION,
-    validate_event_table,
-)
+from features.event_table import validate_event_table
+from features.events import EVENT_SCHEMA, SCHEMA_VERSION
 from pipelines.sources.movielens_files import (
     GENRES,
     Ratings,

@@ -26,8 +26,8 @@ from trainer.cli import feature_dir, positive_int
 
 MS_PER_DAY = 86_400_000
 # What a folder written by this command holds (and the teacher outputs
-# trainer.distill adds by default): such a folder is replaced, as the outputs
-# of its old examples would be stale; anything else is refused.
+# trainer.distill adds by default): such a folder is replaced, as teacher
+# outputs of the examples it held would be stale; anything else is refused.
 SPLIT_PARTS = frozenset({"examples", "timelines", "teacher_outputs"})
 
 

@@ -1,4 +1,4 @@
-"""Knowledge transfer from the GEM teacher to vertical students (issue 7).
+"""Knowledge transfer from the GEM teacher to vertical students.
 
 Modules, one job each:
 
@@ -15,7 +15,7 @@ Modules, one job each:
   the stream form (teacher outputs over Kafka; a student daemon per domain
   with the trainer daemon's checkpoint guarantees, both topics' offsets).
 
-What is public and what is ours (model.md §6):
+What is public and what is ours (docs/model.md):
 
 - **Public (ExFM, arXiv 2502.17494)**: external distillation with the
   teacher run once per example (DAS), the auxiliary distillation head with
@@ -23,7 +23,7 @@ What is public and what is ours (model.md §6):
   Student Adapter ``MLP(ŷ_F)`` trained on fresh labels and used as a
   stop-gradient soft target for a second head (Eq. 6-7). Standard KD is
   Hinton et al. (2015). The equations were transcribed from an unofficial
-  re-implementation (model.md §6.1), not checked against the PDF.
+  re-implementation (docs/model.md), not checked against the PDF.
 - **Ours**: the adapter's extra inputs (domain, objective, staleness), its
   identity initialisation and "score before learning" order, and its
   calibration filter (a per-domain logit offset with a level and a slope in

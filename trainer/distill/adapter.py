@@ -1,11 +1,11 @@
-"""The Student Adapter (ExFM §3.4, Eq. 6; model.md §6.1).
+"""The Student Adapter (ExFM §3.4, Eq. 6; docs/model.md).
 
 Public (ExFM): a lightweight network ``ŷ_SA = MLP(ŷ_F)`` on the teacher's
 prediction, trained on the freshest labels with its own loss
 ``h(ŷ_SA, y)``; its stop-gradient output is a second soft target for the
 student (Eq. 7).
 
-Our design (model.md §6.1, "for our project"): besides the teacher logit
+Our design (docs/model.md): besides the teacher logit
 it reads the example's domain (an embedding), the objective (one-hot) and
 the teacher's staleness (``log1p`` of hours since the teacher's checkpoint
 time), so one adapter can learn *how* a stale teacher drifts; it is an MLP
@@ -20,11 +20,11 @@ slope in teacher staleness, updated by a Kalman filter on every batch's
 labels. Why a filter and not the MLP's own bias: a stale teacher's error is
 mostly an intercept that moves with staleness (base rates drift); an Adam
 step per batch of 256 (a handful of clicks) makes that intercept a noisy
-random walk (±5-20 % calibration per day in the first freshness run),
-whereas the filter weighs each batch by the information its labels carry
-(``Σ p(1-p)``) and, through the slope, extrapolates a steady drift instead of
-lagging it. Its time constant is set by two process-noise variances (how
-fast the level and the slope may change per day), not by a learning rate.
+random walk, whereas the filter weighs each batch by the information its
+labels carry (``Σ p(1-p)``) and, through the slope, extrapolates a steady
+drift instead of lagging it. Its time constant is set by two process-noise
+variances (how fast the level and the slope may change per day), not by a
+learning rate.
 """
 
 from __future__ import annotations

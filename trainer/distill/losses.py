@@ -12,7 +12,7 @@ loss                            formula (``h`` = BCE-with-logits, ``σ`` sigmoid
 ==============================  ==============================================
 :func:`masked_bce`              ``Σ m·h(z, t) / max(1, Σ m)``
 :func:`standard_kd_loss`        ``h(z_s, y) + λ·T²·h(z_s/T, σ(z_F/T))`` (Hinton
-                                KD mixed into the serving loss; model.md §6.2)
+                                KD mixed into the serving loss; docs/model.md)
 :func:`auxiliary_head_loss`     ``h(z_S, y) + w·h(z_D, min(α·σ(z_F), 1))``
                                 (ExFM Eq. 3-5; β is :func:`scale_gradient`)
 :func:`adapter_fit_loss`        ``h(z_SA, y)`` (ExFM Eq. 6, the adapter's own)

@@ -2,7 +2,7 @@
 
 One row per example, written once by :mod:`trainer.distill.teacher_pass`
 and read by every student (they never run the teacher themselves; ExFM's
-"DAS" pattern: one teacher call per unique example, model.md §6.1)::
+"DAS" pattern: one teacher call per unique example, docs/model.md)::
 
     example_id           string    the impression's event_id (the join key)
     event_time           ts[ms]    the impression time

@@ -4,7 +4,7 @@ Reads the teacher checkpoint's *tensors* (``torch.load(weights_only=True)``),
 never the teacher's code: a student's table ``t_<feature>`` takes the
 teacher's table of the same feature when the shapes match (same ids, same
 hashing and cap, same width). Which parts of the teacher a vertical model
-reuses is not public (model.md §6c); reusing the id embeddings is our
+reuses is not public (docs/model.md); reusing the id embeddings is our
 choice: they are the teacher's most data-hungry parameters and cost a
 student nothing at serving time.
 

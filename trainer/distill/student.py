@@ -37,7 +37,8 @@ from features.registry import DENSE_FEATURES, SPARSE_FEATURES
 from features.vocab import TRAINING_OBJECTIVES
 from trainer.data.batch import Batch
 from trainer.distill.losses import scale_gradient
-from trainer.modules.embeddings import ModuloIds, capped_size, mlp, sparse_tables
+from trainer.modules.embeddings import fold_ids, sparse_tables
+from trainer.modules.mlp import mlp
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -101,11 +102,7 @@ class VerticalStudent(nn.Module):
         dim, cap = config.dim, config.max_num_embeddings
         self.num_sparse = len(SPARSE_FEATURES)
         self.ebc = EmbeddingBagCollection(tables=sparse_tables(dim, cap))
-        rows = [capped_size(f.num_embeddings, cap) for f in SPARSE_FEATURES]
-        capped = any(
-            r < f.num_embeddings for r, f in zip(rows, SPARSE_FEATURES, strict=True)
-        )
-        self.modulo = ModuloIds(rows) if capped else None
+        self.modulo = fold_ids(SPARSE_FEATURES, cap)
         extra = config.teacher_embedding_dim
         self.teacher_norm = nn.LayerNorm(extra) if extra else None
         self.dense_arch = DenseArch(

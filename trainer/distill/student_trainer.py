@@ -71,6 +71,18 @@ def student_loss(
     """The student's loss for the enabled methods (see the module table)."""
     labels, teacher, mask = sb.batch.labels, sb.teacher_logits, sb.teacher_mask
     methods = cfg.methods
+
+    def auxiliary() -> torch.Tensor:
+        return auxiliary_head_loss(
+            out.serving,
+            out.distill,
+            labels,
+            teacher,
+            mask,
+            weight=cfg.aux_weight,
+            label_scale=cfg.label_scale,
+        )
+
     if "standard" in methods:
         loss = standard_kd_loss(
             out.serving,
@@ -81,29 +93,9 @@ def student_loss(
             temperature=cfg.kd_temperature,
         )
         if "aux" in methods:  # both: the auxiliary term on top of standard KD
-            loss = (
-                loss
-                + auxiliary_head_loss(
-                    out.serving,
-                    out.distill,
-                    labels,
-                    teacher,
-                    mask,
-                    weight=cfg.aux_weight,
-                    label_scale=cfg.label_scale,
-                )
-                - masked_bce(out.serving, labels)
-            )
+            loss = loss + auxiliary() - masked_bce(out.serving, labels)
     elif "aux" in methods:
-        loss = auxiliary_head_loss(
-            out.serving,
-            out.distill,
-            labels,
-            teacher,
-            mask,
-            weight=cfg.aux_weight,
-            label_scale=cfg.label_scale,
-        )
+        loss = auxiliary()
     else:
         loss = masked_bce(out.serving, labels)
     if adapter_logits is not None:

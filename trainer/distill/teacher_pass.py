@@ -33,7 +33,7 @@ from trainer.distill.teacher import Teacher, load_teacher, teacher_forward
 
 # Examples per forward. A batch's largest buffers then stay under 32 MB,
 # glibc's ceiling for serving blocks from the retained heap
-# (features.memory): 1,024 took 1.6x as long on a 2-core CPU, in page faults.
+# (features.memory): larger batches pay for their buffers in page faults.
 DEFAULT_BATCH_SIZE = 256
 
 

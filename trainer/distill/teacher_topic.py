@@ -34,13 +34,13 @@ from features.kafka import KafkaSettings
 from features.kafka.settings import MAX_MESSAGE_BYTES
 from features.kafka.topics import ensure_topics
 from trainer.data.feature_output import event_time_ms
-from trainer.data.kafka_source import KafkaSource
+from trainer.data.kafka_source import Item, KafkaSource
 from trainer.distill.records import (
     encode_teacher_message,
     teacher_message_headers,
     teacher_output_table,
 )
-from trainer.distill.teacher import load_teacher, teacher_forward
+from trainer.distill.teacher import Teacher, load_teacher, teacher_forward
 from trainer.training.checkpoint import resume_state, save_checkpoint
 
 log = logging.getLogger(__name__)
@@ -59,18 +59,17 @@ def run_stream(
     partitions: int = 4,
     start_fresh: bool = False,
 ) -> dict[str, Any]:
-    """Run until SIGTERM-free idle (``idle_seconds``) or forever; returns counts."""
-    from kafka import KafkaProducer
-
+    """Run until idle for ``idle_seconds`` (or forever); returns counts."""
     loaded = resume_state(checkpoint_dir, start_fresh=start_fresh)
     teacher = load_teacher(teacher_path)
     offsets: dict[int, int] = {}
-    messages = rows_out = dead_letters = 0
+    counts = {"messages": 0, "teacher_rows": 0, "dead_letters": 0}
     if loaded is not None:
         state = loaded[0]
         offsets = {int(p): int(o) for p, o in state["offsets"].items()}
-        messages, rows_out = int(state["step"]), int(state["rows"])
-        dead_letters = int(state.get("dead_letters", 0))
+        counts["messages"] = int(state["step"])
+        counts["teacher_rows"] = int(state["rows"])
+        counts["dead_letters"] = int(state.get("dead_letters", 0))
     ensure_topics(settings, {output_topic: partitions})
     source = KafkaSource(
         settings,
@@ -83,9 +82,7 @@ def run_stream(
         start_at_earliest=loaded is None and start_fresh,
     ).start()
     # Its topics allow MAX_MESSAGE_BYTES (ensure_topics); so does the producer.
-    producer = KafkaProducer(
-        **settings.producer_config(acks="all", max_request_size=MAX_MESSAGE_BYTES)
-    )
+    producer = settings.producer(acks="all", max_request_size=MAX_MESSAGE_BYTES)
     since_checkpoint = 0
 
     def checkpoint() -> None:
@@ -95,9 +92,9 @@ def run_stream(
             {
                 "model": {},
                 "optimizer": {},
-                "step": messages,
-                "rows": rows_out,
-                "dead_letters": dead_letters,
+                "step": counts["messages"],
+                "rows": counts["teacher_rows"],
+                "dead_letters": counts["dead_letters"],
                 "offsets": {str(p): o for p, o in source.offsets().items()},
                 "teacher_step": teacher.step,
             },
@@ -115,27 +112,10 @@ def run_stream(
                     break
                 continue
             if item.batch is not None:
-                logits, emb = next(teacher_forward(teacher, iter([item.batch])))
-                rows = item.decoded.examples
-                ids = rows.column("example_id").combine_chunks()
-                table = teacher_output_table(
-                    ids,
-                    event_time_ms(rows),
-                    logits,
-                    emb,
-                    step=teacher.step,
-                    teacher_time_ms=teacher.time_ms,
-                )
-                producer.send(
-                    output_topic,
-                    key=str(ids[0]).encode(),
-                    value=encode_teacher_message(table),
-                    headers=teacher_message_headers(),
-                )
-                rows_out += table.num_rows
+                counts["teacher_rows"] += publish(producer, output_topic, teacher, item)
             else:
-                dead_letters += 1
-            messages += 1
+                counts["dead_letters"] += 1
+            counts["messages"] += 1
             source.mark(item.partition, item.offset + 1)
             since_checkpoint += 1
             if since_checkpoint >= checkpoint_every:
@@ -145,9 +125,28 @@ def run_stream(
     finally:
         producer.close()
         source.close()
-    return {
-        "messages": messages,
-        "teacher_rows": rows_out,
-        "dead_letters": dead_letters,
-        "teacher_step": teacher.step,
-    }
+    return {**counts, "teacher_step": teacher.step}
+
+
+def publish(producer: Any, topic: str, teacher: Teacher, item: Item) -> int:
+    """Run the teacher over ``item``'s batch and send its rows to ``topic`` as
+    one message (key: the first example id); returns the rows sent."""
+    assert item.batch is not None
+    logits, emb = next(teacher_forward(teacher, iter([item.batch])))
+    rows = item.decoded.examples
+    ids = rows.column("example_id").combine_chunks()
+    table = teacher_output_table(
+        ids,
+        event_time_ms(rows),
+        logits,
+        emb,
+        step=teacher.step,
+        teacher_time_ms=teacher.time_ms,
+    )
+    producer.send(
+        topic,
+        key=str(ids[0]).encode(),
+        value=encode_teacher_message(table),
+        headers=teacher_message_headers(),
+    )
+    return int(table.num_rows)

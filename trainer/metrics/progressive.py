@@ -2,7 +2,7 @@
 
 Every example is predicted by a model that has not seen it yet, so the
 running metrics are honest out-of-sample figures without a held-out set
-(the streaming yardstick of model.md §7). Kept per (domain, objective):
+(the streaming yardstick of docs/model.md). Kept per (domain, objective):
 
 - **lifetime**: every example since the run (and its checkpoints) began;
 - **window**: the last *closed* tumbling window of ``window_examples``

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from trainer.ops.kernel import Kernel
 
@@ -46,14 +46,13 @@ class EmbeddingConfig:
             truncated, oldest dropped).
         target_match: add to every event token an embedding of (its category
             equals the candidate ad's, time bucket, action)
-            (:class:`trainer.modules.embeddings.TargetMatch`).
+            (:class:`trainer.modules.target_match.TargetMatch`).
         target_match_shared: add the match bit's own embedding too, shared by
-            every time bucket and action (on by default: it doubled the
-            long-term interest GEM captures on generated data, see
-            ``benchmarks/README.md``).
+            every time bucket and action (on by default: GEM captures more
+            of a user's long-term interest with it, ``benchmarks/README.md``).
         match_share: add a non-sequence token made from how many of the
             window's events match the candidate's category, and out of how
-            many (:class:`trainer.modules.embeddings.MatchShare`).
+            many (:class:`trainer.modules.target_match.MatchShare`).
     """
 
     dim: int
@@ -69,7 +68,7 @@ class EmbeddingConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class WukongConfig:
-    """A Wukong interaction stack (Wukong §3, model.md §2).
+    """A Wukong interaction stack (Wukong §3, docs/model.md).
 
     Args:
         num_layers: stacked layers ``l``.
@@ -78,7 +77,7 @@ class WukongConfig:
         fm_rank: ``k``, columns of the optimized FM's projection ``Y``.
         mlp_dims: hidden widths of the FMB MLP.
         cross_layer_attention: before layer ``i > 0``, let its input attend to
-            the outputs of all earlier layers (our design, model.md §1.4).
+            the outputs of all earlier layers (our design, docs/model.md).
         attention_heads: heads of the cross-layer attention.
     """
 
@@ -93,7 +92,7 @@ class WukongConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class PyramidConfig:
-    """The pyramid-parallel long-sequence encoder (our design, model.md §1.3).
+    """The pyramid-parallel long-sequence encoder (our design, docs/model.md).
 
     Args:
         enabled: run the encoder; when off, InterFormer gets the most recent
@@ -126,7 +125,7 @@ class PyramidConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class InterFormerConfig:
-    """InterFormer (model.md §3) around the Wukong interaction arch.
+    """InterFormer (Zeng et al., CIKM'25) around the Wukong interaction arch.
 
     Args:
         num_layers: interleaved layers ``L``.
@@ -142,19 +141,6 @@ class InterFormerConfig:
             tokens (they sit behind the CLS tokens), so they reach the
             interaction arch and the heads in every layer directly, not only
             through the sequence arch's attention.
-        token_ffn: with interleaving, a plain per-token FFN follows the PFFN
-            (our addition; the paper has the PFFN alone). The PFFN is linear
-            and of rank ``num_cls`` per example, so without this the
-            interleaved sequence arch has less per-token capacity than its
-            "sep" ablation, whose FFN is a full-width MLP, and the ablation
-            changes two things at once. "sep" always has the FFN.
-        quiet_pffn: with interleaving, what the interaction arch tells the
-            events starts at zero: the PFFN's weight is initialised to 0.
-        quiet_s_sum: with interleaving, what the sequence arch tells the
-            interaction arch starts at zero: ``S_sum`` enters it through a
-            learnable scale initialised to 0. With both (and ``token_ffn``)
-            training starts from the "sep" model plus the CLS tokens and
-            learns how much to exchange.
     """
 
     num_layers: int = 1
@@ -165,14 +151,11 @@ class InterFormerConfig:
     interleave: bool = True
     no_pyramid_max_len: int = 64
     read_prefix: bool = False
-    token_ffn: bool = False
-    quiet_pffn: bool = False
-    quiet_s_sum: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
 class HeadsConfig:
-    """PLE/CGC multi-domain heads (model.md §5).
+    """PLE/CGC multi-domain heads (Tang et al., RecSys'20; docs/model.md).
 
     Args:
         num_shared_experts: experts every task's gate sees.
@@ -360,25 +343,46 @@ def config_to_dict(config: ModelConfig) -> dict[str, Any]:
     return raw
 
 
+# Fields a checkpoint's config may hold that no model here has: at these
+# values they select nothing, so they are dropped on load.
+INERT_FIELDS: Final[dict[str, dict[str, Any]]] = {
+    "interformer": {"token_ffn": False, "quiet_pffn": False, "quiet_s_sum": False},
+}
+
+
 def config_from_dict(raw: dict[str, Any]) -> ModelConfig:
     """Inverse of :func:`config_to_dict` (lists back to tuples).
+
+    A field of :data:`INERT_FIELDS` is dropped at its inert value and refused
+    at any other.
 
     Example:
         >>> config_from_dict(config_to_dict(default())) == default()
         True
+        >>> raw = config_to_dict(tiny())
+        >>> raw["interformer"]["token_ffn"] = False
+        >>> config_from_dict(raw) == tiny()
+        True
     """
 
-    def part(cls: Any, values: dict[str, Any]) -> Any:
+    def part(cls: Any, section: str) -> Any:
+        values = dict(raw[section])
+        for name, inert in INERT_FIELDS.get(section, {}).items():
+            if name in values and values.pop(name) != inert:
+                raise ValueError(
+                    f"the checkpoint's model sets {section}.{name}, "
+                    "which no model here has"
+                )
         fixed = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
         return cls(**fixed)
 
     return ModelConfig(
-        embedding=part(EmbeddingConfig, raw["embedding"]),
-        wukong=part(WukongConfig, raw["wukong"]),
-        pyramid=part(PyramidConfig, raw["pyramid"]),
-        interformer=part(InterFormerConfig, raw["interformer"]),
-        heads=part(HeadsConfig, raw["heads"]),
-        baseline=part(BaselineConfig, raw["baseline"]),
+        embedding=part(EmbeddingConfig, "embedding"),
+        wukong=part(WukongConfig, "wukong"),
+        pyramid=part(PyramidConfig, "pyramid"),
+        interformer=part(InterFormerConfig, "interformer"),
+        heads=part(HeadsConfig, "heads"),
+        baseline=part(BaselineConfig, "baseline"),
         use_sequences=bool(raw["use_sequences"]),
         kernel=Kernel(raw["kernel"]),
     )

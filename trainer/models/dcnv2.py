@@ -17,8 +17,9 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from features.registry import DENSE_FEATURES, SEQUENCE_FEATURES, SPARSE_FEATURES
 from trainer.data.batch import Batch
 from trainer.models.config import ModelConfig
-from trainer.modules.embeddings import MergedIds, mlp, pooled_tables
+from trainer.modules.embeddings import MergedIds, pooled_tables
 from trainer.modules.heads import NUM_DOMAINS, NUM_OBJECTIVES
+from trainer.modules.mlp import mlp
 
 
 class DCNv2(nn.Module):

@@ -7,11 +7,11 @@ from torch import nn
 
 from trainer.data.batch import Batch
 from trainer.models.config import ModelConfig
-from trainer.modules.embeddings import InputAdapter, JaggedTokens
+from trainer.modules.embeddings import InputAdapter
 from trainer.modules.heads import MultiDomainHeads
 from trainer.modules.interformer import InterFormer
 from trainer.modules.pyramid import PyramidEncoder
-from trainer.ops import jagged_truncate_last
+from trainer.ops import JaggedTokens, jagged_truncate_last
 
 
 class GEM(nn.Module):

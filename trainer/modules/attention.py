@@ -39,6 +39,24 @@ def rotary(x: torch.Tensor, pos: torch.Tensor, base: float = 10_000.0) -> torch.
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
 
 
+def rotary_qkv(
+    qkv: nn.Linear, heads: int, values: torch.Tensor, offsets: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Queries, keys and values (L, H, Dh) of jagged ``values`` (L, D) through
+    the fused projection ``qkv``, queries and keys rotated by position.
+
+    Example:
+        >>> q, k, v = rotary_qkv(nn.Linear(8, 24), 2, torch.randn(3, 8),
+        ...                      torch.tensor([0, 2, 3]))
+        >>> q.shape, v.shape
+        (torch.Size([3, 2, 4]), torch.Size([3, 2, 4]))
+    """
+    total, dim = values.shape
+    projected = qkv(values).view(total, 3, heads, dim // heads)
+    q, k = rotary(projected[:, :2], positions(offsets, total)).unbind(1)
+    return q, k, projected[:, 2]
+
+
 class JaggedSelfAttention(nn.Module):
     """Multi-head bidirectional self-attention with RoPE within each sequence.
 
@@ -68,12 +86,9 @@ class JaggedSelfAttention(nn.Module):
         self, values: torch.Tensor, offsets: torch.Tensor, max_len: int
     ) -> torch.Tensor:
         """Attend."""
-        total, dim = values.shape
-        qkv = self.qkv(values).view(total, 3, self.heads, dim // self.heads)
-        q, k = rotary(qkv[:, :2], positions(offsets, total)).unbind(1)
-        v = qkv[:, 2]
+        q, k, v = rotary_qkv(self.qkv, self.heads, values, offsets)
         out = jagged_self_attention(q, k, v, offsets, max_len, self.kernel)
-        return self.out(out.reshape(total, dim))
+        return self.out(out.reshape(values.shape))
 
 
 class JaggedLocalAttention(nn.Module):
@@ -105,12 +120,9 @@ class JaggedLocalAttention(nn.Module):
 
     def forward(self, values: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
         """Attend within the window."""
-        total, dim = values.shape
-        qkv = self.qkv(values).view(total, 3, self.heads, dim // self.heads)
-        q, k = rotary(qkv[:, :2], positions(offsets, total)).unbind(1)
-        v = qkv[:, 2]
+        q, k, v = rotary_qkv(self.qkv, self.heads, values, offsets)
         out = jagged_local_attention(q, k, v, offsets, self.window, self.kernel)
-        return self.out(out.reshape(total, dim))
+        return self.out(out.reshape(values.shape))
 
 
 class JaggedCrossAttention(nn.Module):
@@ -194,7 +206,7 @@ class PMA(nn.Module):
 
 
 class Gating(nn.Module):
-    """Self-gating ``X ⊙ σ(MLP(X))`` (InterFormer Cross arch; model.md §3.4).
+    """Self-gating ``X ⊙ σ(MLP(X))`` (InterFormer Cross arch; docs/model.md).
 
     Args:
         dim: token width ``D``.
@@ -216,7 +228,7 @@ class Gating(nn.Module):
 
 
 class CrossLayerAttention(nn.Module):
-    """Cross-layer attention connection (our design, model.md §1.4).
+    """Cross-layer attention connection (our design, docs/model.md).
 
     ``X_i ← X_i + MHA(LN(X_i), cat(X_0 … X_{i-1}))``: the input of a layer
     attends over the stored outputs of all earlier layers.

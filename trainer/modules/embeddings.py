@@ -32,11 +32,21 @@ from features.registry import (
     DENSE_FEATURES,
     SEQUENCE_FEATURES,
     SPARSE_FEATURES,
-    TIME_BUCKETS,
+    SequenceFeature,
+    SparseFeature,
 )
-from features.vocab import ACTIONS
 from trainer.models.config import EmbeddingConfig
-from trainer.ops import jagged_truncate_last, positions, segment_ids, segment_sum
+from trainer.modules.mlp import mlp
+from trainer.modules.target_match import (
+    CANDIDATE_CATEGORY,
+    EVENT_CATEGORY,
+    MatchShare,
+    TargetMatch,
+)
+from trainer.ops import (
+    JaggedTokens,
+    jagged_truncate_last,
+)
 
 # Sparse features that describe the candidate ad: their embeddings make the
 # target (query) of target-aware attention.
@@ -50,13 +60,6 @@ TARGET_FEATURES: Final = (
 )
 
 
-# The candidate's declared category and the history's per-event category share
-# one vocabulary (features.vocab.CATEGORIES, 0 = missing): their equality is
-# the target-match signal of :class:`TargetMatch`.
-CANDIDATE_CATEGORY: Final = "ad_creative_category"
-EVENT_CATEGORY: Final = "seq_category"
-
-
 def capped_size(num_embeddings: int, cap: int | None) -> int:
     """Rows of a table of ``num_embeddings`` under ``cap``.
 
@@ -65,19 +68,6 @@ def capped_size(num_embeddings: int, cap: int | None) -> int:
         (1000, 9, 9)
     """
     return num_embeddings if cap is None else min(num_embeddings, cap)
-
-
-def matches_candidate(
-    category: torch.Tensor, candidate: torch.Tensor, seg: torch.Tensor
-) -> torch.Tensor:
-    """Events (L,) whose category is their example's candidate's; 0 never matches.
-
-    Example:
-        >>> matches_candidate(torch.tensor([3, 0, 5]), torch.tensor([3, 0]),
-        ...                   torch.tensor([0, 0, 1])).tolist()
-        [True, False, False]
-    """
-    return (category == candidate[seg]) & (category > 0)
 
 
 def history_ids(kjt: KeyedJaggedTensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -98,25 +88,6 @@ def history_ids(kjt: KeyedJaggedTensor) -> tuple[torch.Tensor, torch.Tensor]:
     lengths = kjt.lengths().view(num_keys, -1)[0].long()
     offsets = torch.nn.functional.pad(torch.cumsum(lengths, 0), (1, 0))
     return kjt.values().view(num_keys, -1), offsets
-
-
-def mlp(
-    in_features: int, dims: Sequence[int], last_activation: bool = True
-) -> nn.Sequential:
-    """Linear layers with SiLU (Swish) between them.
-
-    Example:
-        >>> mlp(4, (8, 2))(torch.zeros(3, 4)).shape
-        torch.Size([3, 2])
-    """
-    layers: list[nn.Module] = []
-    width = in_features
-    for i, out in enumerate(dims):
-        layers.append(nn.Linear(width, out))
-        if last_activation or i < len(dims) - 1:
-            layers.append(nn.SiLU())
-        width = out
-    return nn.Sequential(*layers)
 
 
 class ModuloIds(nn.Module):
@@ -155,18 +126,42 @@ class ModuloIds(nn.Module):
         )
 
 
-def sparse_tables(dim: int, cap: int | None) -> list[EmbeddingBagConfig]:
-    """One pooled table per registry sparse feature (sum pooling)."""
+def fold_ids(
+    features: Sequence[SparseFeature | SequenceFeature], cap: int | None
+) -> ModuloIds | None:
+    """The :class:`ModuloIds` that folds ``features``' ids into their tables
+    under ``cap``; None when ``cap`` shrinks none of them.
+
+    Example:
+        >>> fold_ids(SPARSE_FEATURES, None) is None
+        True
+    """
+    rows = [capped_size(f.num_embeddings, cap) for f in features]
+    capped = any(r < f.num_embeddings for r, f in zip(rows, features, strict=True))
+    return ModuloIds(rows) if capped else None
+
+
+def _bag_tables(
+    features: Sequence[SparseFeature | SequenceFeature],
+    dim: int,
+    cap: int | None,
+    pooling: PoolingType,
+) -> list[EmbeddingBagConfig]:
     return [
         EmbeddingBagConfig(
             name=f"t_{f.name}",
             embedding_dim=dim,
             num_embeddings=capped_size(f.num_embeddings, cap),
             feature_names=[f.name],
-            pooling=PoolingType.SUM,
+            pooling=pooling,
         )
-        for f in SPARSE_FEATURES
+        for f in features
     ]
+
+
+def sparse_tables(dim: int, cap: int | None) -> list[EmbeddingBagConfig]:
+    """One pooled table per registry sparse feature (sum pooling)."""
+    return _bag_tables(SPARSE_FEATURES, dim, cap, PoolingType.SUM)
 
 
 class SparseEmbeddings(nn.Module):
@@ -195,11 +190,7 @@ class SparseEmbeddings(nn.Module):
         self.num_features = len(SPARSE_FEATURES)
         self.names = [f.name for f in SPARSE_FEATURES]
         self.ebc = EmbeddingBagCollection(tables=sparse_tables(config.dim, cap))
-        rows = [capped_size(f.num_embeddings, cap) for f in SPARSE_FEATURES]
-        capped = any(
-            r < f.num_embeddings for r, f in zip(rows, SPARSE_FEATURES, strict=True)
-        )
-        self.modulo = ModuloIds(rows) if capped else None
+        self.modulo = fold_ids(SPARSE_FEATURES, cap)
 
     def forward(self, kjt: KeyedJaggedTensor) -> torch.Tensor:
         """Embed and pool: (B, F, D)."""
@@ -211,134 +202,6 @@ class SparseEmbeddings(nn.Module):
         else:  # a TorchRec-sharded EBC groups its output keys by sharding type
             pooled = torch.cat([embedded[name] for name in self.names], dim=1)
         return pooled.view(-1, self.num_features, self.dim)
-
-
-class TargetMatch(nn.Module):
-    """Per event: "same category as the candidate ad?" x recency x action → (D,).
-
-    Why: the target-aware attention must otherwise *learn* that an ad-side
-    category embedding (sparse table) and an event-side one (sequence table)
-    name the same thing, through random query/key maps, from a few hundred
-    clicks; and its softmax forgets how *many* events matched. Recent same-topic
-    activity is exactly what the generator's sequence term rewards (and what
-    DIN-style models feed explicitly). This table gives every event token the
-    match bit jointly with its time bucket and action, so "3 same-topic views in
-    the last hour" is a sum of 3 embeddings, which the pyramid's strided mean
-    pooling keeps as a count. Ids, not hashes, are compared: both features are
-    vocabulary ids, untouched by table caps.
-
-    With ``shared`` (on in every preset), a second table of two rows adds
-    the match bit alone: one direction for every matching event, whatever
-    its time and action, so the mean of a window's tokens holds the matched
-    share along it. The joint rows each learn only from their own (time,
-    action) cell, and a long-term interest in a topic is spread over all of
-    them: without the shared rows GEM captured half as much of it.
-
-    Args:
-        dim: token width ``D``.
-        shared: add the match-bit-only embedding.
-
-    Shapes: event categories, time buckets, actions (L,), the candidate's
-    category (B,), offsets (B + 1,) → (L, D).
-
-    Example:
-        >>> match = TargetMatch(4)
-        >>> match(torch.tensor([3, 5, 0]), torch.tensor([1, 2, 3]),
-        ...       torch.tensor([4, 4, 4]), torch.tensor([3, 0]),
-        ...       torch.tensor([0, 3, 3])).shape
-        torch.Size([3, 4])
-    """
-
-    def __init__(self, dim: int, shared: bool = False) -> None:
-        super().__init__()
-        self.time_rows = TIME_BUCKETS + 1
-        self.action_rows = len(ACTIONS) + 1
-        rows = 2 * self.time_rows * self.action_rows
-        self.table = nn.Embedding(rows, dim)
-        # TorchRec's default table init (uniform ±sqrt(1 / rows)), like the others.
-        nn.init.uniform_(self.table.weight, -(rows**-0.5), rows**-0.5)
-        self.same = nn.Embedding(2, dim) if shared else None
-        if self.same is not None:  # the joint rows' scale, not ±sqrt(1 / 2)
-            nn.init.uniform_(self.same.weight, -(rows**-0.5), rows**-0.5)
-
-    def forward(
-        self,
-        category: torch.Tensor,
-        time_bucket: torch.Tensor,
-        action: torch.Tensor,
-        candidate: torch.Tensor,
-        offsets: torch.Tensor,
-    ) -> torch.Tensor:
-        """The match embedding of every event."""
-        seg = segment_ids(offsets, category.numel())
-        same = matches_candidate(category, candidate, seg)
-        index = (same.long() * self.time_rows + time_bucket) * self.action_rows
-        out = self.table(index + action)
-        return out if self.same is None else out + self.same(same.long())
-
-
-class MatchShare(nn.Module):
-    """Per example: the window's events that match the candidate's category → (D,).
-
-    Why: attention normalizes counts away (a softmax over 3 matching events
-    of 30 looks like 1 of 10), and the mean pooling of :class:`TargetMatch`
-    embeddings keeps them only through learned weights. A user's long-term
-    interest in a topic is exactly such a share (the generator's
-    ``theta_u[topic]``, drawn per session), so this token gives the model the
-    matched count, the share and the window's length, as DIN-era counting
-    features did. Counted over the ``max_seq_len`` newest events, the window
-    the sequence tokens cover. Ids, not hashes, are compared (as in
-    :class:`TargetMatch`).
-
-    Args:
-        dim: token width ``D``.
-        max_seq_len: the window (newest events) that is counted.
-
-    Shapes: event categories (L,) jagged by offsets (B + 1,), the candidate's
-    category (B,) → (B, D).
-
-    Example:
-        >>> share = MatchShare(4, max_seq_len=2)
-        >>> share(torch.tensor([3, 5, 3]), torch.tensor([3, 0]),
-        ...       torch.tensor([0, 3, 3])).shape
-        torch.Size([2, 4])
-    """
-
-    def __init__(self, dim: int, max_seq_len: int) -> None:
-        super().__init__()
-        self.max_seq_len = max_seq_len
-        self.proj = nn.Linear(3, dim)
-
-    def counts(
-        self, category: torch.Tensor, candidate: torch.Tensor, offsets: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(matching events, events) in each example's window, float (B,)."""
-        total = category.numel()
-        seg = segment_ids(offsets, total)
-        lengths = offsets[1:] - offsets[:-1]
-        in_window = positions(offsets, total) >= (lengths - self.max_seq_len)[seg]
-        same = matches_candidate(category, candidate, seg) & in_window
-        matched = segment_sum(same.float().unsqueeze(1), offsets).squeeze(1)
-        return matched, lengths.clamp(max=self.max_seq_len).float()
-
-    def forward(
-        self, category: torch.Tensor, candidate: torch.Tensor, offsets: torch.Tensor
-    ) -> torch.Tensor:
-        """The share token of every example."""
-        matched, events = self.counts(category, candidate, offsets)
-        features = torch.stack(
-            [matched / events.clamp(min=1), torch.log1p(matched), torch.log1p(events)],
-            dim=1,
-        )
-        return self.proj(features)
-
-
-class JaggedTokens(NamedTuple):
-    """Jagged tokens: ``values`` (L, D), ``offsets`` (B + 1,), bound ``max_len``."""
-
-    values: torch.Tensor
-    offsets: torch.Tensor
-    max_len: int
 
 
 class SequenceEmbeddings(nn.Module):
@@ -388,11 +251,7 @@ class SequenceEmbeddings(nn.Module):
                 for f in SEQUENCE_FEATURES
             ]
         )
-        rows = [capped_size(f.num_embeddings, cap) for f in SEQUENCE_FEATURES]
-        capped = any(
-            r < f.num_embeddings for r, f in zip(rows, SEQUENCE_FEATURES, strict=True)
-        )
-        self.modulo = ModuloIds(rows) if capped else None
+        self.modulo = fold_ids(SEQUENCE_FEATURES, cap)
         self.concat = (
             nn.Linear(len(self.names) * config.dim, config.dim)
             if config.sequence_combine == "concat"
@@ -550,16 +409,9 @@ def pooled_tables(dim: int, cap: int | None) -> list[EmbeddingBagConfig]:
         >>> len(pooled_tables(8, 1000)) == len(SPARSE_FEATURES) + len(SEQUENCE_FEATURES)
         True
     """
-    return sparse_tables(dim, cap) + [
-        EmbeddingBagConfig(
-            name=f"t_{f.name}",
-            embedding_dim=dim,
-            num_embeddings=capped_size(f.num_embeddings, cap),
-            feature_names=[f.name],
-            pooling=PoolingType.MEAN,
-        )
-        for f in SEQUENCE_FEATURES
-    ]
+    return sparse_tables(dim, cap) + _bag_tables(
+        SEQUENCE_FEATURES, dim, cap, PoolingType.MEAN
+    )
 
 
 class MergedIds(nn.Module):
@@ -589,10 +441,7 @@ class MergedIds(nn.Module):
     def __init__(self, config: EmbeddingConfig) -> None:
         super().__init__()
         features = [*SPARSE_FEATURES, *SEQUENCE_FEATURES]
-        cap = config.max_num_embeddings
-        rows = [capped_size(f.num_embeddings, cap) for f in features]
-        capped = any(r < f.num_embeddings for r, f in zip(rows, features, strict=True))
-        self.modulo = ModuloIds(rows) if capped else None
+        self.modulo = fold_ids(features, config.max_num_embeddings)
 
     def forward(
         self, sparse: KeyedJaggedTensor, sequence: KeyedJaggedTensor

@@ -1,11 +1,11 @@
-"""Multi-domain heads and the domain-masked loss (model.md §5).
+"""Multi-domain heads and the domain-masked loss (docs/model.md).
 
 Tasks are the (domain, objective) pairs of :data:`features.vocab.DOMAINS` ×
 :data:`features.vocab.TRAINING_OBJECTIVES` (Facebook, Instagram, Messaging ×
 click, conversion). The heads are one PLE/CGC extraction level: shared experts
 plus per-domain experts, one softmax gate per task over [shared ∪ its domain's
 experts] conditioned on ``[h ∥ domain embedding]``, and one tower per task.
-STAR-style weight modulation (model.md §5 item 3) is not implemented.
+STAR-style weight modulation (docs/model.md) is not implemented.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from torch import nn
 
 from features.vocab import DOMAINS, TRAINING_OBJECTIVES
 from trainer.models.config import HeadsConfig
-from trainer.modules.embeddings import mlp
+from trainer.modules.mlp import mlp
 
 NUM_DOMAINS = len(DOMAINS)
 NUM_OBJECTIVES = len(TRAINING_OBJECTIVES)

@@ -1,4 +1,4 @@
-"""InterFormer (Zeng et al., CIKM'25; model.md §3) with a Wukong interaction arch.
+"""InterFormer (Zeng et al., CIKM'25; docs/model.md) with a Wukong interaction arch.
 
 Per layer ``l`` (the paper's Algorithm A.1, bidirectional "int" mode)::
 
@@ -15,11 +15,7 @@ the final ``[X_sum ∥ S_sum]``. PFFN follows the appendix, ``W_b = X_sum[b]ᵀ 
 
 Our choices (not the paper's): pre-LN residuals around PFFN and MHA;
 ``interleave=False`` is the paper's "sep" ablation (no CLS prefix, no S_sum
-into the interaction arch, a plain per-token FFN instead of PFFN);
-``token_ffn`` puts that FFN after the PFFN too, so that the ablation differs
-only in the exchange between the arches; ``quiet_pffn`` and ``quiet_s_sum``
-start either direction of that exchange at zero. All three are off by
-default: on trial, and none won (``benchmarks/README.md``, seventh session).
+into the interaction arch, a plain per-token FFN instead of PFFN).
 """
 
 from __future__ import annotations
@@ -29,9 +25,10 @@ from torch import nn
 
 from trainer.models.config import InterFormerConfig, ModelConfig
 from trainer.modules.attention import PMA, Gating, JaggedSelfAttention
-from trainer.modules.embeddings import JaggedTokens, mlp
+from trainer.modules.mlp import mlp
 from trainer.modules.wukong import LinearCompressBlock, Wukong
 from trainer.ops import (
+    JaggedTokens,
     Kernel,
     jagged_dense_bmm,
     jagged_first_k,
@@ -47,8 +44,6 @@ class PersonalizedFFN(nn.Module):
         dim: token width ``D``.
         num_summary: non-sequence summary tokens ``n_sum``.
         kernel: jagged-op implementation.
-        zero_init: ``W`` starts at zero, so the map adds nothing until it
-            learns to (``InterFormerConfig.quiet_pffn``).
 
     Shapes: x_sum (B, n_sum, D), values (L, D) jagged → (L, D).
 
@@ -60,17 +55,11 @@ class PersonalizedFFN(nn.Module):
     """
 
     def __init__(
-        self,
-        dim: int,
-        num_summary: int,
-        kernel: Kernel = Kernel.PYTORCH,
-        zero_init: bool = False,
+        self, dim: int, num_summary: int, kernel: Kernel = Kernel.PYTORCH
     ) -> None:
         super().__init__()
         self.kernel = kernel
-        # Drawn even when zeroed, so every later parameter starts as it would.
-        scale = 0.0 if zero_init else dim**-0.5
-        self.weight = nn.Parameter(torch.randn(num_summary, dim) * scale)
+        self.weight = nn.Parameter(torch.randn(num_summary, dim) * dim**-0.5)
 
     def forward(
         self,
@@ -180,15 +169,11 @@ class SequenceArch(nn.Module):
         self.norm1 = nn.LayerNorm(dim)
         self.norm2 = nn.LayerNorm(dim)
         self.pffn = (
-            PersonalizedFFN(dim, config.num_cls, kernel, config.quiet_pffn)
-            if config.interleave
-            else None
+            PersonalizedFFN(dim, config.num_cls, kernel) if config.interleave else None
         )
-        # "sep" replaces the PFFN by this FFN; token_ffn keeps both.
-        wants_ffn = config.token_ffn or not config.interleave
-        self.ffn = mlp(dim, (dim, dim), last_activation=False) if wants_ffn else None
-        self.norm_ffn = (
-            nn.LayerNorm(dim) if wants_ffn and self.pffn is not None else None
+        # "sep" has this FFN in place of the PFFN.
+        self.ffn = (
+            None if config.interleave else mlp(dim, (dim, dim), last_activation=False)
         )
         self.attention = JaggedSelfAttention(dim, config.num_heads, kernel)
 
@@ -203,8 +188,6 @@ class SequenceArch(nn.Module):
         normed = self.norm1(values)
         if self.pffn is not None and x_sum is not None:
             values = values + self.pffn(x_sum, normed, offsets, max_len)
-            if self.norm_ffn is not None:
-                values = values + self.ffn(self.norm_ffn(values))
         elif self.ffn is not None:
             values = values + self.ffn(normed)
         return values + self.attention(self.norm2(values), offsets, max_len)
@@ -229,7 +212,7 @@ class InterFormer(nn.Module):
 
     Example:
         >>> from trainer.models.config import tiny
-        >>> from trainer.modules.embeddings import JaggedTokens
+        >>> from trainer.ops import JaggedTokens
         >>> trunk = InterFormer(5, 0, tiny())
         >>> seq = JaggedTokens(torch.randn(3, 8), torch.tensor([0, 3, 3]), 3)
         >>> trunk(torch.randn(2, 5, 8), seq).shape
@@ -266,12 +249,6 @@ class InterFormer(nn.Module):
             for _ in range(icfg.num_layers if config.use_sequences else 0)
         )
         self.num_out_tokens = icfg.num_cls + (n_s_sum if config.use_sequences else 0)
-        # quiet_s_sum: S_sum enters the interaction arch through this scale.
-        self.s_sum_scale = (
-            nn.Parameter(torch.zeros(()))
-            if self.interleave and icfg.quiet_s_sum
-            else None
-        )
 
     def forward(
         self,
@@ -301,8 +278,6 @@ class InterFormer(nn.Module):
             return torch.cat(out, dim=1)
         for i, interaction in enumerate(self.interaction):
             s_sum = self.s_summary[i](values, offsets, max_len)
-            if self.s_sum_scale is not None:
-                s_sum = self.s_sum_scale * s_sum
             x = interaction(torch.cat([x, s_sum], dim=1))
             values = self.sequence[i](values, offsets, max_len, x_sum)
             x_sum = self.x_summary[i + 1](x)

@@ -1,7 +1,7 @@
-"""Pyramid-parallel long-sequence encoder (our design; model.md §1.3).
+"""Pyramid-parallel long-sequence encoder (our design; docs/model.md).
 
 No public source defines GEM's "pyramid-parallel structure"; this is the
-reconstruction model.md proposes. Each level runs parallel modules over the
+reconstruction docs/model.md proposes. Each level runs parallel modules over the
 **same** jagged tokens:
 
 - (a) causal local-window self-attention (sequence order),
@@ -33,8 +33,8 @@ from torch import nn
 
 from trainer.models.config import PyramidConfig
 from trainer.modules.attention import PMA, JaggedLocalAttention
-from trainer.modules.embeddings import JaggedTokens
 from trainer.ops import (
+    JaggedTokens,
     Kernel,
     jagged_concat,
     jagged_pool,
@@ -203,7 +203,7 @@ class PyramidEncoder(nn.Module):
 
     Example:
         >>> from trainer.models.config import PyramidConfig
-        >>> from trainer.modules.embeddings import JaggedTokens
+        >>> from trainer.ops import JaggedTokens
         >>> enc = PyramidEncoder(8, PyramidConfig(num_levels=2, ratio=2))
         >>> seq = JaggedTokens(torch.randn(5, 8), torch.tensor([0, 5, 5]), 5)
         >>> out = enc(seq, torch.randn(2, 8))

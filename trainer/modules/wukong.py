@@ -1,7 +1,7 @@
-"""Wukong interaction stack (Zhang et al., ICML'24; model.md §2).
+"""Wukong interaction stack (Zhang et al., ICML'24; docs/model.md).
 
 ``X_{i+1} = LN(concat(FMB_i(X_i), LCB_i(X_i)) + X_i)`` with the optimized FM
-``FM(X) = X (Xᵀ Y)``, plus our optional cross-layer attention (model.md §1.4).
+``FM(X) = X (Xᵀ Y)``, plus our optional cross-layer attention (docs/model.md).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from torch import nn
 
 from trainer.models.config import WukongConfig
 from trainer.modules.attention import CrossLayerAttention
-from trainer.modules.embeddings import mlp
+from trainer.modules.mlp import mlp
 
 
 class LinearCompressBlock(nn.Module):

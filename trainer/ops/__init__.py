@@ -6,6 +6,7 @@ from trainer.ops.attention import (
     jagged_self_attention,
 )
 from trainer.ops.jagged import (
+    JaggedTokens,
     dense_to_jagged,
     jagged_concat,
     jagged_dense_bmm,
@@ -23,6 +24,7 @@ from trainer.ops.jagged import (
 from trainer.ops.kernel import Kernel, capture_jagged_sizes, fbgemm_op
 
 __all__ = [
+    "JaggedTokens",
     "Kernel",
     "capture_jagged_sizes",
     "dense_to_jagged",

@@ -25,10 +25,20 @@ Example:
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from trainer.ops.kernel import Kernel, fbgemm_op
 from trainer.ops.pytorch import pt_jagged as pt
+
+
+class JaggedTokens(NamedTuple):
+    """Jagged tokens: ``values`` (L, D), ``offsets`` (B + 1,), bound ``max_len``."""
+
+    values: torch.Tensor
+    offsets: torch.Tensor
+    max_len: int
 
 
 def segment_ids(offsets: torch.Tensor, total: int) -> torch.Tensor:

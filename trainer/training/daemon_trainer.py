@@ -22,11 +22,8 @@ from typing import Any
 import torch
 
 from trainer.data.batch import Batch
-from trainer.distributed.sharding import (
-    OptimizerConfig,
-    build_strategy,
-    resolve_embedding_optimizer,
-)
+from trainer.distributed.sharding import build_strategy
+from trainer.distributed.tables import OptimizerConfig, resolve_embedding_optimizer
 from trainer.metrics.progressive import ProgressiveMetrics
 from trainer.models.base_rate import BaseRateOffset, prior_logits
 from trainer.models.config import preset as preset_config

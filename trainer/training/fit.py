@@ -88,38 +88,17 @@ from trainer.models.config import preset as preset_config
 from trainer.models.loss_wrapper import GEMTrain
 from trainer.models.registry import model_config
 from trainer.training.checkpoint import model_record, save_checkpoint
+from trainer.training.device import (
+    autocast_for,
+    effective_precision,
+    resolve_device,
+)
 from trainer.training.fit_trainer import FitTrainer
 from trainer.training.run_config import FitConfig
 from trainer.training.step import (
     collect_predictions,
     eval_step,
 )
-
-
-def resolve_device(name: str) -> torch.device:
-    """``auto`` → the current CUDA device if torch sees one, else the CPU.
-
-    Example:
-        >>> resolve_device("cpu")
-        device(type='cpu')
-    """
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"--device {name}: torch sees no CUDA device here")
-    return device
-
-
-def autocast_for(device: torch.device, precision: str) -> torch.autocast:
-    """The forward's autocast context: bf16 on a GPU when asked, else off."""
-    if precision not in ("fp32", "bf16"):
-        raise ValueError(f"unknown precision {precision!r}; choose fp32 or bf16")
-    return torch.autocast(
-        device.type,
-        dtype=torch.bfloat16,
-        enabled=precision == "bf16" and device.type == "cuda",
-    )
 
 
 def resolved_model_config(
@@ -283,7 +262,7 @@ def fit(
             "output_bias_init": "logit of the train base rate per task",
             "torch_threads": torch.get_num_threads(),
             "device": _device_name(device),
-            "precision": cfg.precision if device.type == "cuda" else "fp32",
+            "precision": effective_precision(device, cfg.precision),
         },
         "train": {
             "examples": len(train),

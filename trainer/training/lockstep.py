@@ -27,7 +27,7 @@ import torch
 
 from trainer.data.batch import Batch
 from trainer.data.kafka_source import Item
-from trainer.distributed.sharding import borrow_batch
+from trainer.distributed.model_parallel import borrow_batch
 from trainer.training.ranks import Ranks
 
 HAS_BATCH, EXAMPLES, PARTITION, OFFSET, STOP, DRAINED, READY, FAILED = range(8)

@@ -2,7 +2,7 @@
 
 ``torch.optim.Adam`` defaults to a per-tensor loop on CPU. Its fused kernel
 (one pass over every parameter per step, CPU and CUDA) updates the default
-preset's 17M parameters about 4x faster on a 2-core CPU
+preset's parameters several times faster on a small CPU
 (``benchmarks/bench_optimizer.py``), with the same update rule.
 """
 

@@ -28,16 +28,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from trainer.training.device import resolve_device
+
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
-
-
-def rank_device(name: str) -> torch.device:
-    """``auto``: this rank's GPU when there is one (torchrun's LOCAL_RANK), else CPU."""
-    if name != "auto":
-        return torch.device(name)
-    if torch.cuda.is_available():
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-    return torch.device("cpu")
 
 
 def die_with_launcher() -> None:
@@ -83,7 +76,7 @@ class Ranks:
     def join(cls, device: str, sharding: str) -> Ranks:
         """Join the run's process group (see the module docstring)."""
         distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
-        where = rank_device(device)
+        where = resolve_device(device)
         if where.type == "cuda":
             torch.cuda.set_device(where)
         backend = "nccl" if where.type == "cuda" else "gloo"

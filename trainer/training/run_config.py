@@ -22,6 +22,9 @@ from typing import Final
 
 from trainer.cli import flag, positive_float, positive_int
 
+PRECISIONS: Final = ("fp32", "bf16")
+"""What ``--precision`` takes (the autocast itself: :mod:`trainer.training.device`)."""
+
 MODEL_NAMES: Final = (
     "gem",
     "gem_no_seq",
@@ -33,8 +36,8 @@ MODEL_NAMES: Final = (
 PRESET_NAMES: Final = ("tiny", "default", "large")
 SHARDINGS: Final = ("replicated", "model-parallel")
 EMBEDDING_OPTIMIZERS: Final = ("auto", "adam", "adagrad", "sgd")
-# trainer.distributed.sharding.DEFAULT_MIN_ROWS: pooled tables smaller than this stay
-# replicated under --sharding model-parallel.
+# Pooled tables smaller than this stay replicated under --sharding model-parallel
+# (trainer.distributed.model_parallel.DEFAULT_MIN_ROWS).
 MIN_SHARDED_ROWS: Final = 1_000
 # Both commands train a real model unless told otherwise; the tests and the
 # demos that want the unit tests' model pass --preset tiny.
@@ -119,7 +122,7 @@ class FitConfig:
         default="fp32",
         metadata=flag(
             "bf16: autocast the forward on a GPU (ignored on the CPU)",
-            choices=("fp32", "bf16"),
+            choices=PRECISIONS,
         ),
     )
     max_train_seconds: float | None = field(

@@ -38,7 +38,7 @@ def pytorch_jagged_local_attention(
     boundary. That is one ``scaled_dot_product_attention`` over
     (L / window, H, window, 2 window): twice the band's multiply-adds, but as
     batched matmuls instead of a gathered (L, window, H, Dh) copy of the keys
-    and values, which made the op 9-15x slower on CPU at window 16.
+    and values, which is much slower on CPU (``benchmarks/README.md``).
 
     Written for torch.compile, where ``L`` is symbolic (unbacked after a
     pyramid level): the chunks are gathered from ``q, k, v`` topped up with a
