@@ -34,6 +34,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
+from features.arrow_ipc import ipc_to_table, table_to_ipc
 from features.vocab import DOMAINS, TRAINING_OBJECTIVES
 
 NUM_LOGITS: Final = len(DOMAINS) * len(TRAINING_OBJECTIVES)
@@ -208,11 +209,7 @@ def encode_teacher_message(table: pa.Table) -> bytes:
         >>> reason is None, table.num_rows
         (True, 0)
     """
-    sink = pa.BufferOutputStream()
-    options = pa.ipc.IpcWriteOptions(compression="lz4")
-    with pa.ipc.new_stream(sink, table.schema, options=options) as writer:
-        writer.write_table(table)
-    body = bytes(sink.getvalue())
+    body = table_to_ipc(table)
     return _HEADER.pack(MAGIC, MESSAGE_VERSION, zlib.crc32(body)) + body
 
 
@@ -237,7 +234,7 @@ def decode_teacher_message(
     if zlib.crc32(body) != checksum:
         return None, "teacher-output message fails its CRC-32 (corrupted)"
     try:
-        table = pa.ipc.open_stream(pa.py_buffer(body)).read_all()
+        table = ipc_to_table(body)
         table.validate(full=True)
     except (pa.ArrowException, ValueError, OSError) as error:
         return None, f"undecodable teacher-output stream: {error}"

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from features.cli import CommandParser, run_command
-from trainer.cli import CHECKPOINT_HELP, feature_dir, positive_int
+from trainer.cli import CHECKPOINT_HELP, feature_dir, positive_int, start_torch
 
 DESCRIPTION = """\
 Teacher outputs, computed once per example: the GEM teacher's forward over
@@ -61,14 +61,9 @@ def build_parser() -> CommandParser:
 def run(args: argparse.Namespace) -> int:
     """Check the input, run the teacher over it, print the summary."""
     feature_dir("--examples", args.examples)
-    import torch
-
-    from features.memory import reuse_freed_memory
     from trainer.distill import teacher_pass as teacher_outputs
 
-    torch.set_num_threads(args.threads)
-    # Each step frees and re-allocates the same buffers: keep them (features.memory).
-    reuse_freed_memory()
+    start_torch(args.threads)
     summary = teacher_outputs.run(
         args.examples,
         args.teacher,

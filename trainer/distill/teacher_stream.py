@@ -17,6 +17,7 @@ from trainer.cli import (
     positive_float,
     positive_int,
     require_cluster,
+    start_torch,
 )
 
 NEEDS_CLUSTER = "the examples topic is the trainer's"
@@ -88,15 +89,10 @@ def build_parser() -> CommandParser:
 def run(args: argparse.Namespace) -> int:
     """Run the job on the parsed flags; print its counts."""
     settings = kafka_settings(args, why=NEEDS_CLUSTER)
-    import torch
-
-    from features.memory import reuse_freed_memory
     from trainer.distill.teacher_topic import run_stream
     from trainer.training.checkpoint import NoUsableCheckpointError
 
-    torch.set_num_threads(args.threads)
-    # Each step frees and re-allocates the same buffers: keep them (features.memory).
-    reuse_freed_memory()
+    start_torch(args.threads)
     started = time.perf_counter()
     try:
         result = run_stream(
