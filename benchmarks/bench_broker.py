@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.bench_generator import hardware
-from features.kafka import ensure_topics
+from features.kafka import KafkaSettings, ensure_topics
 from launchers.kafka_broker import EmbeddedKafka
 
 PAYLOAD = b"x" * 1024
@@ -48,6 +48,7 @@ def rss_mb(pid: int) -> float:
 
 
 def timed(action: Callable[[], object]) -> float:
+    """Seconds ``action`` takes."""
     started = time.perf_counter()
     action()
     return time.perf_counter() - started
@@ -75,19 +76,20 @@ def start_times(runs: int, workdir: Path) -> dict[str, list[float]]:
     return found
 
 
-def kafka_python_rates(bootstrap: str, topic: str, messages: int) -> dict[str, float]:
-    from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+def kafka_python_rates(
+    settings: KafkaSettings, topic: str, messages: int
+) -> dict[str, float]:
+    """kafka-python's produce and consume rates of ``messages`` on ``topic``."""
+    from kafka import TopicPartition
 
-    producer = KafkaProducer(
-        bootstrap_servers=bootstrap, acks="all", linger_ms=5, batch_size=262_144
-    )
+    producer = settings.producer(acks="all", linger_ms=5, batch_size=262_144)
     started = time.perf_counter()
     for _ in range(messages):
         producer.send(topic, PAYLOAD)
     producer.flush()
     produce_s = time.perf_counter() - started
     producer.close()
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    consumer = settings.consumer(enable_auto_commit=False)
     partitions = sorted(consumer.partitions_for_topic(topic))
     tps = [TopicPartition(topic, p) for p in partitions]
     consumer.assign(tps)
@@ -105,6 +107,7 @@ def kafka_python_rates(bootstrap: str, topic: str, messages: int) -> dict[str, f
 
 
 def confluent_rates(bootstrap: str, topic: str, messages: int) -> dict[str, float]:
+    """confluent-kafka's (librdkafka) rates on the same broker: the peer."""
     from confluent_kafka import Consumer, Producer
 
     producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 5})
@@ -145,7 +148,7 @@ def memory_and_rates(messages: int, workdir: Path) -> dict[str, Any]:
         time.sleep(2)  # let start-up settle
         started_rss = rss_mb(broker.pid)
         ensure_topics(broker.settings, {"kp": 6, "ck": 6})
-        python = kafka_python_rates(broker.bootstrap, "kp", messages)
+        python = kafka_python_rates(broker.settings, "kp", messages)
         confluent = confluent_rates(broker.bootstrap, "ck", messages)
         return {
             "rss_started_mb": started_rss,

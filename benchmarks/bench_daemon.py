@@ -50,7 +50,6 @@ import argparse
 import dataclasses
 import json
 import os
-import platform
 import signal
 import subprocess
 import sys
@@ -62,18 +61,16 @@ from typing import Any
 
 import torch
 
-from benchmarks.machine import cpu_model
+from benchmarks.generated import example_chunks, generated_reference
+from benchmarks.machine import machine_line
 from features.example_messages import (
     decode_example_message,
     encode_example_message,
     message_headers,
 )
 from features.kafka import KafkaSettings, ensure_topics
-from features.windows import timeline_segments
 from launchers.kafka_broker import EmbeddedKafka
-from pipelines.core.reference import build_reference
-from pipelines.sources.synthetic import GeneratorConfig, generate, validation_now_ms
-from pipelines.sources.synthetic.world import ads_table, contents_table, users_table
+from pipelines.sources.synthetic import GeneratorConfig
 from trainer.data.inputs import make_batch
 from trainer.metrics.progressive import ProgressiveMetrics
 from trainer.models.config import preset as preset_config
@@ -92,11 +89,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def hardware() -> str:
     """CPU model, core count, Python and torch versions."""
-    model = cpu_model()
-    return (
-        f"{platform.machine()} {model}, {os.cpu_count()} cores, "
-        f"Python {platform.python_version()}, torch {torch.__version__}"
-    )
+    return machine_line(torch, arch=True)
 
 
 def kafka_python_consume(
@@ -106,11 +99,10 @@ def kafka_python_consume(
 
     With ``decode`` every message becomes a Batch (the daemon's decode path).
     """
-    from kafka import KafkaConsumer, TopicPartition
+    from kafka import TopicPartition
 
     started = time.perf_counter()
-    consumer = KafkaConsumer(
-        **settings.consumer_config(),
+    consumer = settings.consumer(
         group_id=None,
         enable_auto_commit=False,
         max_partition_fetch_bytes=16 * 1024 * 1024,
@@ -359,24 +351,25 @@ def two_ranks(
     }
 
 
+def publish_topic(settings: KafkaSettings, values: list[bytes]) -> None:
+    """:data:`TOPIC` with :data:`PARTITIONS`, holding ``values`` round-robin."""
+    ensure_topics(settings, {TOPIC: PARTITIONS})
+    producer = settings.producer(max_request_size=64 * 1024 * 1024)
+    for i, value in enumerate(values):
+        producer.send(
+            TOPIC, value=value, partition=i % PARTITIONS, headers=message_headers()
+        )
+    producer.flush()
+    producer.close()
+
+
 def sharding_mode(args: argparse.Namespace, values: list[bytes]) -> dict[str, Any]:
     """2 replicated ranks vs 2 model-parallel ranks on the same topic."""
-    from kafka import KafkaProducer
-
     with EmbeddedKafka() as broker, tempfile.TemporaryDirectory() as tmp:
         settings = dataclasses.replace(
             broker.settings, session_timeout_ms=6000, heartbeat_interval_ms=1000
         )
-        ensure_topics(settings, {TOPIC: PARTITIONS})
-        producer = KafkaProducer(
-            **settings.producer_config(max_request_size=64 * 1024 * 1024)
-        )
-        for i, value in enumerate(values):
-            producer.send(
-                TOPIC, value=value, partition=i % PARTITIONS, headers=message_headers()
-            )
-        producer.flush()
-        producer.close()
+        publish_topic(settings, values)
         runs = {
             sharding: two_ranks(settings, Path(tmp), sharding, args.sharding_preset)
             for sharding in ("replicated", "model-parallel")
@@ -407,18 +400,13 @@ def main() -> int:
     parser.add_argument("--sharding-preset", default="default")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    config = GeneratorConfig(users=400, ads=60, days=3, seed=3)
-    g = generate(config)
-    ref = build_reference(
-        g.events, users_table(g.world.users), ads_table(g.world.ads),
-        contents_table(g.world.contents), now_ms=validation_now_ms(config),
-    )  # fmt: skip
-    rows = ref.examples.num_rows - args.per_message
-    values = []
-    for i in range(args.messages):
-        chunk = ref.examples.slice((i * args.per_message) % rows, args.per_message)
-        segments = timeline_segments(chunk, ref.timelines, MAX_LEN)
-        values.append(encode_example_message(chunk, segments, max_seq_len=MAX_LEN))
+    ref = generated_reference(GeneratorConfig(users=400, ads=60, days=3, seed=3))
+    values = [
+        encode_example_message(chunk, segments, max_seq_len=MAX_LEN)
+        for chunk, segments in example_chunks(
+            ref, args.messages, args.per_message, MAX_LEN
+        )
+    ]
     if args.mode == "sharding":
         report = sharding_mode(args, values)
         print(
@@ -445,19 +433,8 @@ def main() -> int:
         metrics.update(scored(train_step(model, batch, optimizer).logits, batch))
     peer = sum(b.size for b in batches) / (time.perf_counter() - started)
 
-    from kafka import KafkaProducer
-
     with EmbeddedKafka() as broker, tempfile.TemporaryDirectory() as tmp:
-        ensure_topics(broker.settings, {TOPIC: PARTITIONS})
-        producer = KafkaProducer(
-            **broker.settings.producer_config(max_request_size=64 * 1024 * 1024)
-        )
-        for i, value in enumerate(values):
-            producer.send(
-                TOPIC, value=value, partition=i % PARTITIONS, headers=message_headers()
-            )
-        producer.flush()
-        producer.close()
+        publish_topic(broker.settings, values)
         jsonl = Path(tmp) / "metrics.jsonl"
         started = time.perf_counter()
         result = run_daemon_until_drained(

@@ -25,7 +25,7 @@ Per data set, one process, time forward in four parts:
    each method alone, and parameter sharing with the teacher's tables frozen
    (``share_frozen``, ``full_frozen``).
 
-Transfer ratio (LoopFM's reading of "2x the effectiveness", model.md §1.2):
+Transfer ratio (LoopFM's reading of "2x the effectiveness", docs/model.md):
 ``(NE_alone - NE_method) / (NE_alone - NE_teacher)`` on the pooled eval
 predictions of the three domain students (and per domain).
 
@@ -33,8 +33,8 @@ Generated: ``pipelines.sources.synthetic`` (``--days 11 --warmup-days 3``: days 
 only fill histories and counters, teacher days 4-7, students 8-9,
 validation 10, eval 11; ``--teacher-period through-students`` trains the
 teacher through day 9 and shows the in-sample leak, never a result).
-MovieLens-1M-dev (``../shared/data``): impressions split at the 80 / 88 / 90 %
-time quantiles (teacher: ``--ml-steps`` batches of
+MovieLens-1M-dev (the shared data folder next to the repository): impressions
+split at the 80 / 88 / 90 % time quantiles (teacher: ``--ml-steps`` batches of
 512 sampled from the first 80 %, as in ``bench_quality``; eval: the last 10 %,
 the same examples as ``bench_quality``'s eval).
 """
@@ -61,13 +61,16 @@ from benchmarks.bench_quality import (
     SHARED,
     TABLE_CAP,
     bench_config,
+    finish_run,
+    save_result,
+    table_head,
 )
+from benchmarks.generated import generated_features, reference_features, world_config
 from benchmarks.machine import cpu_model
 from features.metrics import binary_metrics
 from features.vocab import DOMAINS, TRAINING_OBJECTIVES
-from pipelines import reference as reference_command
 from pipelines.sources import movielens
-from pipelines.sources.synthetic import GeneratorConfig, ModelParams, generate_dataset
+from pipelines.sources.synthetic import GeneratorConfig, ModelParams
 from trainer.data.feature_output import (
     ExampleDataset,
     cut_at_fraction,
@@ -411,8 +414,8 @@ def ratios(result: dict[str, Any]) -> dict[str, dict[str, float]]:
 
 def generated_world(args: argparse.Namespace) -> GeneratorConfig:
     """The generated world: ``--click-logit-shift`` raises every domain's click
-    intercept (more positives per impression: the default +1.0 takes the CTR
-    from ~1.5 % to ~4 %, so an eval day has hundreds of clicks, not ~100)."""
+    intercept (more positives per impression, so that an eval day has enough
+    clicks to tell the students apart)."""
     params = ModelParams()
     params = dataclasses.replace(
         params,
@@ -420,9 +423,7 @@ def generated_world(args: argparse.Namespace) -> GeneratorConfig:
             x + args.click_logit_shift for x in params.click_base_logit
         ),
     )
-    return GeneratorConfig(
-        users=args.users, ads=args.ads, days=args.days, seed=args.seed, params=params
-    )
+    return world_config(args, params=params)
 
 
 def bayes_eval(truth_path: Path, period: dict[str, StudentData]) -> dict[str, Any]:
@@ -463,13 +464,7 @@ def generated(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     teacher_days = args.days - args.warmup_days - 4
     if teacher_days < 1:
         raise SystemExit("--days must leave at least one teacher day after warm-up")
-    generate_dataset(gen, work / "gen")
-    assert (
-        reference_command.main(
-            ["--input", str(work / "gen"), "--output", str(work / "f"), "--overwrite"]
-        )
-        == 0
-    )
+    generated_features(gen, work / "gen", work / "f", overwrite=True)
     warm_cut = _ms(gen.start + dt.timedelta(days=args.warmup_days))
     student_cut = _ms(gen.start + dt.timedelta(days=args.warmup_days + teacher_days))
     val_cut = _ms(gen.start + dt.timedelta(days=args.days - 2))
@@ -516,12 +511,7 @@ def movielens_section(args: argparse.Namespace, work: Path) -> dict[str, Any] | 
         print(f"movielens: {source} absent, section skipped", flush=True)
         return None
     movielens.run(source, work / "ml", overwrite=True)
-    assert (
-        reference_command.main(
-            ["--input", str(work / "ml"), "--output", str(work / "f"), "--overwrite"]
-        )
-        == 0
-    )
+    reference_features(work / "ml", work / "f", overwrite=True)
     cuts = [cut_at_fraction(work / "f", q) for q in (0.8, 0.88, 0.9)]
     n_teacher, n_student = time_forward_split(
         work / "f", cuts[0], work / "teacher_f", work / "student_f"
@@ -590,19 +580,7 @@ def freshness(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     # --reuse: the same config's data, teacher and outputs from an earlier run.
     reuse = args.reuse and any((work / "teacher_outputs").glob("*.parquet"))
     if not reuse:
-        generate_dataset(gen, work / "gen")
-        assert (
-            reference_command.main(
-                [
-                    "--input",
-                    str(work / "gen"),
-                    "--output",
-                    str(work / "f"),
-                    "--overwrite",
-                ]
-            )
-            == 0
-        )
+        generated_features(gen, work / "gen", work / "f", overwrite=True)
         time_forward_split(
             work / "f", frozen_at, work / "teacher_f", work / "student_f"
         )
@@ -762,13 +740,7 @@ def _f(x: float | None, spec: str = ".4f") -> str:
 
 def table(result: dict[str, Any], objectives: tuple[str, ...]) -> str:
     """Markdown: rows = teacher and variants, cells = NE / AUC per slice."""
-    slices = [f"{d}/{o}" for o in objectives for d in DOMAINS] + [
-        f"all/{o}" for o in objectives
-    ]
-    lines = [
-        "| model | " + " | ".join(slices) + " | ratio all/click |",
-        "|---|" + "---:|" * (len(slices) + 1),
-    ]
+    slices, lines = table_head(objectives, "ratio all/click")
     rows = [("teacher (GEM, frozen)", result["teacher"]["eval"], None)]
     rows += [
         (
@@ -908,13 +880,8 @@ def main(argv: list[str] | None = None) -> int:
                 }
             ),
         )
-        if args.json:  # after each section: a crash later keeps what is done
-            args.json.write_text(json.dumps(result, indent=1, default=str))
-    result["seconds"] = time.perf_counter() - started
-    print(f"\ntotal {result['seconds']:.0f} s")
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=1, default=str))
-    return 0
+        save_result(result, args.json)  # a crash later keeps what is done
+    return finish_run(result, started, args.json)
 
 
 if __name__ == "__main__":

@@ -39,6 +39,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from benchmarks.generated import add_world_arguments, world_config
 from benchmarks.machine import cpu_model
 from pipelines.sources.synthetic import GeneratorConfig, generate, write_dataset
 
@@ -150,11 +151,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m benchmarks.bench_generator",
         description="Generator throughput vs. a plain Parquet write of its events.",
     )
-    parser.add_argument("--users", type=int, default=50_000)
-    parser.add_argument("--ads", type=int, default=5_000)
-    parser.add_argument("--days", type=int, default=4)
+    add_world_arguments(parser, users=50_000, ads=5_000, days=4)
     parser.add_argument("--events-per-user-day", type=float, default=10.0)
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument(
         "--workdir", type=Path, help="scratch dir (default: a temp dir)"
@@ -163,13 +161,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.repeat < 1:
         parser.error("--repeat must be at least 1")
-    config = GeneratorConfig(
-        users=args.users,
-        ads=args.ads,
-        days=args.days,
-        seed=args.seed,
-        events_per_user_day=args.events_per_user_day,
-    )
+    config = world_config(args, events_per_user_day=args.events_per_user_day)
     with tempfile.TemporaryDirectory(dir=args.workdir) as scratch:
         result = run(config, args.repeat, Path(scratch))
     result["hardware"] = hardware()

@@ -45,6 +45,7 @@ from typing import Any
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from benchmarks.generated import generated_features
 from trainer.data.feature_output import ExampleDataset
 from trainer.models.config import preset
 from trainer.models.loss_wrapper import GEMTrain
@@ -60,12 +61,11 @@ REPO = Path(__file__).resolve().parents[1]
 
 def make_data(root: Path) -> Path:
     """A small reference feature dir (the generator + reference job)."""
-    from pipelines import reference as reference_command
-    from pipelines.sources.synthetic import GeneratorConfig, generate_dataset
+    from pipelines.sources.synthetic import GeneratorConfig
 
-    generate_dataset(GeneratorConfig(users=300, ads=60, days=3, seed=1), root / "gen")
-    reference_command.main(["--input", str(root / "gen"), "--output", str(root / "f")])
-    return root / "f"
+    return generated_features(
+        GeneratorConfig(users=300, ads=60, days=3, seed=1), root / "gen", root / "f"
+    )
 
 
 def throughput(

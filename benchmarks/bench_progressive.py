@@ -20,11 +20,9 @@ from collections.abc import Callable
 
 import torch
 
+from benchmarks.generated import example_chunks, generated_reference
 from benchmarks.machine import cpu_model
-from features.windows import timeline_segments
-from pipelines.core.reference import build_reference
-from pipelines.sources.synthetic import GeneratorConfig, generate, validation_now_ms
-from pipelines.sources.synthetic.world import ads_table, contents_table, users_table
+from pipelines.sources.synthetic import GeneratorConfig
 from trainer.data.batch import Batch
 from trainer.data.inputs import make_batch
 from trainer.metrics.progressive import ProgressiveMetrics
@@ -36,19 +34,11 @@ from trainer.training.step import eval_step, scored, train_step
 
 def batches(count: int, size: int, max_seq_len: int) -> list[Batch]:
     """``count`` batches of ``size`` generated examples each."""
-    config = GeneratorConfig(users=600, ads=80, days=3, seed=3)
-    g = generate(config)
-    ref = build_reference(
-        g.events, users_table(g.world.users), ads_table(g.world.ads),
-        contents_table(g.world.contents), now_ms=validation_now_ms(config),
-    )  # fmt: skip
-    rows = ref.examples.num_rows - size
-    out = []
-    for i in range(count):
-        chunk = ref.examples.slice((i * size) % rows, size)
-        segments = timeline_segments(chunk, ref.timelines, max_seq_len)
-        out.append(make_batch(chunk, segments, max_seq_len=max_seq_len))
-    return out
+    ref = generated_reference(GeneratorConfig(users=600, ads=80, days=3, seed=3))
+    return [
+        make_batch(chunk, segments, max_seq_len=max_seq_len)
+        for chunk, segments in example_chunks(ref, count, size, max_seq_len)
+    ]
 
 
 def two_forwards(model: GEMTrain, opt: torch.optim.Optimizer, b: Batch) -> object:

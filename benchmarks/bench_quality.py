@@ -31,10 +31,10 @@ AUC / calibration per (domain, objective), next to the **Bayes-optimal**
 metrics of the generator's true probabilities (``truth.parquet``) on exactly
 the eval impressions, and the fraction of the DLRM → Bayes NE gap GEM closes.
 
-(b) **movielens**: ``../shared/data/movielens-1m-dev`` (skipped with a
-message when absent) → ``pipelines.sources.movielens`` → reference features → eval =
-the last 10 % of impressions (fixed timestamp), validation = the last 10 % of
-the rest.
+(b) **movielens**: ``movielens-1m-dev`` of the shared data folder next to the
+repository (skipped with a message when absent) → ``pipelines.sources.movielens``
+→ reference features → eval = the last 10 % of impressions (fixed timestamp),
+validation = the last 10 % of the rest.
 
 Training seeds: ``--seed`` seeds the generator and, alone, the training
 (model init and the epochs' samples). ``--seeds 0,1,2`` trains every model
@@ -43,13 +43,13 @@ split seeds and models as above, then ``--combine --seeds``), chooses each
 model's learning rate on the mean over seeds of the best validation NE, and
 reports the mean over seeds, with the all/click NE per seed and each
 model's difference from GEM paired seed by seed
-(:mod:`benchmarks.quality_seeds`). A seed moves NE by up to 0.01, which the
-bootstrap below does not see.
+(:mod:`benchmarks.quality_seeds`). A seed moves NE by about an ablation's
+margin, which the bootstrap below does not see.
 
 Significance: a paired bootstrap over eval impressions (Poisson(1) weights,
 ``--bootstrap`` resamples) gives a 95 % interval for every model's overall
 click NE minus GEM's (and, on generated data, for the gap GEM closes): with a
-few hundred positives, differences of a few 0.01 NE are noise.
+few hundred positives, small NE differences are noise.
 
 Model config (:func:`bench_config`): the ``default`` preset with tables capped
 at 20,011 rows and ``max_seq_len`` ``--max-seq-len``, the same for all
@@ -76,12 +76,11 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from benchmarks import quality_seeds
+from benchmarks.generated import generated_features, reference_features, world_config
 from benchmarks.quality_seeds import best_validation
 from features.metrics import binary_metrics
 from features.vocab import DOMAINS, TRAINING_OBJECTIVES
-from pipelines import reference as reference_command
 from pipelines.sources import movielens
-from pipelines.sources.synthetic import GeneratorConfig, generate_dataset
 from trainer.data.feature_output import (
     ExampleDataset,
     cut_at_fraction,
@@ -97,8 +96,8 @@ TABLE_CAP = 20_011
 
 
 # MovieLens keeps TargetMatch's joint rows only, a choice made on validation
-# like the learning rate: the shared match-bit rows scored 0.8147 against
-# 0.8111 there (32 events), 0.9106 against 0.9183 on generated data (128).
+# like the learning rate (the shared match-bit rows help on generated data,
+# not on MovieLens; benchmarks/README.md has the figures).
 MOVIELENS_TARGET_MATCH_SHARED = False
 
 
@@ -134,18 +133,18 @@ def bayes_on(eval_dir: Path, truth_path: Path) -> dict[str, Any]:
     return out
 
 
-# GEM without the TargetMatch event feature: the evidence for that fix.
+# GEM without the TargetMatch event feature: what that feature adds.
 NO_TARGET_MATCH = "gem_no_target_match"
-# GEM with the MatchShare token (EmbeddingConfig.match_share), on trial.
+# GEM with the MatchShare token (EmbeddingConfig.match_share), experimental.
 MATCH_SHARE = "gem_match_share"
 # GEM whose target-aware attention weighs events pointwise, not by a softmax
-# (PyramidConfig.target_weights), on trial.
+# (PyramidConfig.target_weights), experimental.
 POINTWISE_TARGET = "gem_pointwise_target"
 # GEM whose sequence summary reads the pyramid's summary tokens out
-# (InterFormerConfig.read_prefix), on trial.
+# (InterFormerConfig.read_prefix), experimental.
 READ_PREFIX = "gem_read_prefix"
 # GEM whose pyramid hands InterFormer the newest 32 first-level tokens beside
-# the top level's (PyramidConfig.recent_tokens), on trial.
+# the top level's (PyramidConfig.recent_tokens), experimental.
 PYRAMID_RECENT = "gem_pyramid_recent"
 # GEM whose TargetMatch has only the joint (match, time, action) rows, without
 # the shared match-bit embedding (EmbeddingConfig.target_match_shared): the
@@ -196,10 +195,10 @@ GEM_VARIANTS: dict[str, Callable[[ModelConfig], ModelConfig]] = {
     UNTARGETED_SEP: lambda c: _untargeted(c, interleave=False),
 }
 # Variants every other model is also bootstrapped against.
-TRIALS = (MATCH_SHARE, POINTWISE_TARGET, READ_PREFIX, PYRAMID_RECENT)
+EXPERIMENTAL = (MATCH_SHARE, POINTWISE_TARGET, READ_PREFIX, PYRAMID_RECENT)
 # Besides GEM, the models every other one is bootstrapped against (when run):
-# the trials, and the "sep" ablation, the one that beats GEM on generated data.
-REFERENCES = (*TRIALS, "gem_no_interleave")
+# the experimental variants, and the "sep" ablation.
+REFERENCES = (*EXPERIMENTAL, "gem_no_interleave")
 
 
 def bayes_probs_aligned(eval_dir: Path, truth_path: Path) -> np.ndarray:
@@ -339,8 +338,8 @@ def bootstrap_vs_gem(
     under the same weights, so the interval is that of the seed-mean
     difference over eval impressions (the seeds' own spread is reported
     beside it, :func:`benchmarks.quality_seeds.paired_by_seed`).
-    ``reference``: the model the others are compared with (GEM, or a GEM
-    variant on trial).
+    ``reference``: the model the others are compared with (GEM, or an
+    experimental GEM variant).
 
     Poisson(1) weights per impression (the same weights for every model), so
     each difference's interval accounts for the shared sampling noise.
@@ -401,6 +400,7 @@ def bootstrap_vs_gem(
 
 
 def split_three(
+    section: str,
     source: Path,
     validation_cut: int,
     eval_cut: int,
@@ -408,7 +408,8 @@ def split_three(
     prefix: str,
     reuse: bool = False,
 ) -> tuple[Path, Path, Path, tuple[int, int, int]]:
-    """train < validation_cut <= validation < eval_cut <= eval, as three dirs.
+    """train < validation_cut <= validation < eval_cut <= eval, as three dirs;
+    prints the cuts and the sizes for ``section``.
 
     ``reuse``: the dirs exist from an earlier run with the same arguments.
     """
@@ -417,11 +418,20 @@ def split_three(
     )
     if reuse:
         sizes = tuple(read_examples(d).num_rows for d in (train, validation, evals))
-        return train, validation, evals, (sizes[0], sizes[1], sizes[2])
-    _, n_eval = time_forward_split(source, eval_cut, rest, evals)
-    n_train, n_validation = time_forward_split(rest, validation_cut, train, validation)
-    shutil.rmtree(rest)
-    return train, validation, evals, (n_train, n_validation, n_eval)
+        counts = (sizes[0], sizes[1], sizes[2])
+    else:
+        _, n_eval = time_forward_split(source, eval_cut, rest, evals)
+        n_train, n_validation = time_forward_split(
+            rest, validation_cut, train, validation
+        )
+        shutil.rmtree(rest)
+        counts = (n_train, n_validation, n_eval)
+    print(
+        f"{section}: validation from {validation_cut}, eval from {eval_cut}; "
+        f"train / validation / eval examples {counts}",
+        flush=True,
+    )
+    return train, validation, evals, counts
 
 
 def run_args(args: argparse.Namespace, save: Path) -> dict[str, Any]:
@@ -461,15 +471,23 @@ def _f(x: float | None, spec: str = ".4f") -> str:
     )
 
 
-def table(reports: dict[str, Any], objectives: tuple[str, ...]) -> str:
-    """Markdown: one row per model (and Bayes), NE / AUC / calib per slice."""
+def table_head(
+    objectives: tuple[str, ...], last_column: str
+) -> tuple[list[str], list[str]]:
+    """A Markdown table's slices (each domain, then all, per objective) and
+    its header lines: a model column, the slices, then ``last_column``."""
     slices = [f"{d}/{o}" for o in objectives for d in DOMAINS] + [
         f"all/{o}" for o in objectives
     ]
-    lines = [
-        "| model | " + " | ".join(slices) + " | ex/s |",
+    return slices, [
+        "| model | " + " | ".join(slices) + f" | {last_column} |",
         "|---|" + "---:|" * (len(slices) + 1),
     ]
+
+
+def table(reports: dict[str, Any], objectives: tuple[str, ...]) -> str:
+    """Markdown: one row per model (and Bayes), NE / AUC / calib per slice."""
+    slices, lines = table_head(objectives, "ex/s")
     for name, r in reports.items():
         cells = []
         for s in slices:
@@ -609,26 +627,25 @@ def seed_figures(
     return out
 
 
+def periods(
+    cut: int, validation_cut: int, counts: tuple[int, int, int]
+) -> dict[str, int]:
+    """A section's cuts and its train / validation / eval example counts."""
+    return {
+        "cut_ms": cut,
+        "validation_cut_ms": validation_cut,
+        "train": counts[0],
+        "validation": counts[1],
+        "eval": counts[2],
+    }
+
+
 def generated(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     """Section (a)."""
-    gen = GeneratorConfig(
-        users=args.users, ads=args.ads, days=args.days, seed=args.seed
-    )
+    gen = world_config(args)
     reuse = args.reuse and (work / "gen_eval").exists()
     if not reuse:
-        generate_dataset(gen, work / "gen")
-        assert (
-            reference_command.main(
-                [
-                    "--input",
-                    str(work / "gen"),
-                    "--output",
-                    str(work / "gen_f"),
-                    "--overwrite",
-                ]
-            )
-            == 0
-        )
+        generated_features(gen, work / "gen", work / "gen_f", overwrite=True)
 
     def day_start(offset: int) -> int:
         day = gen.start + dt.timedelta(days=args.days + offset)
@@ -636,12 +653,7 @@ def generated(args: argparse.Namespace, work: Path) -> dict[str, Any]:
 
     cut, validation_cut = day_start(-1), day_start(-2)
     train, validation, evals, counts = split_three(
-        work / "gen_f", validation_cut, cut, work, "gen", reuse
-    )
-    print(
-        f"generated: validation from {validation_cut}, eval from {cut}; "
-        f"train / validation / eval examples {counts}",
-        flush=True,
+        "generated", work / "gen_f", validation_cut, cut, work, "gen", reuse
     )
     if args.prepare_only:
         return {"prepared": counts}
@@ -657,11 +669,7 @@ def generated(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     }
     return {
         **seed_figures(args, reports, bayes),
-        "cut_ms": cut,
-        "validation_cut_ms": validation_cut,
-        "train": counts[0],
-        "validation": counts[1],
-        "eval": counts[2],
+        **periods(cut, validation_cut, counts),
         "models": reports,
         "bayes": bayes,
         "gem_gap_closed": gaps,
@@ -702,28 +710,12 @@ def movielens_section(args: argparse.Namespace, work: Path) -> dict[str, Any] | 
     reuse = args.reuse and (work / "ml_eval").exists()
     if not reuse:
         movielens.run(source, work / "ml", overwrite=True)
-        assert (
-            reference_command.main(
-                [
-                    "--input",
-                    str(work / "ml"),
-                    "--output",
-                    str(work / "ml_f"),
-                    "--overwrite",
-                ]
-            )
-            == 0
-        )
+        reference_features(work / "ml", work / "ml_f", overwrite=True)
     cut = cut_at_fraction(work / "ml_f", 0.9)
     # The validation cut: 90 % of the impressions before the eval cut (81 % of all).
     validation_cut = cut_at_fraction(work / "ml_f", 0.81)
     train, validation, evals, counts = split_three(
-        work / "ml_f", validation_cut, cut, work, "ml", reuse
-    )
-    print(
-        f"movielens: validation from {validation_cut}, eval from {cut}; "
-        f"train / validation / eval examples {counts}",
-        flush=True,
+        "movielens", work / "ml_f", validation_cut, cut, work, "ml", reuse
     )
     if args.prepare_only:
         return {"prepared": counts}
@@ -737,11 +729,7 @@ def movielens_section(args: argparse.Namespace, work: Path) -> dict[str, Any] | 
     )
     return {
         **seed_figures(args, reports, None),
-        "cut_ms": cut,
-        "validation_cut_ms": validation_cut,
-        "train": counts[0],
-        "validation": counts[1],
-        "eval": counts[2],
+        **periods(cut, validation_cut, counts),
         "models": reports,
         "bootstrap": bootstrap_vs_gem(predictions, None, args.bootstrap),
         **bootstraps_vs_references(predictions, args.bootstrap),
@@ -766,6 +754,21 @@ def print_seeds(section: dict[str, Any]) -> None:
             "GEM share of the DLRM→Bayes gap closed, by seed:",
             [round(x, 3) for x in section["gap_closed_by_seed"]],
         )
+
+
+def save_result(result: dict[str, Any], path: Path | None) -> None:
+    """``result`` as JSON in ``path`` (nothing when ``None``)."""
+    if path is not None:
+        path.write_text(json.dumps(result, indent=1, default=str))
+
+
+def finish_run(result: dict[str, Any], started: float, path: Path | None) -> int:
+    """Add the run's seconds since ``started`` to ``result``, print them and
+    save the result (:func:`save_result`); the exit status."""
+    result["seconds"] = time.perf_counter() - started
+    print(f"\ntotal {result['seconds']:.0f} s")
+    save_result(result, path)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -890,11 +893,7 @@ def main(argv: list[str] | None = None) -> int:
             print_seeds(m)
             print("paired bootstrap, all/click:", json.dumps(m["bootstrap"], indent=1))
             print_bootstraps_vs_references(m)
-    result["seconds"] = time.perf_counter() - started
-    print(f"\ntotal {result['seconds']:.0f} s")
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=1, default=str))
-    return 0
+    return finish_run(result, started, args.json)
 
 
 if __name__ == "__main__":

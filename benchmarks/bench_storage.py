@@ -27,8 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import tempfile
 import time
 from pathlib import Path
@@ -38,7 +36,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from benchmarks.machine import cpu_model
+from benchmarks.generated import add_world_arguments, generated_tables, world_config
+from benchmarks.machine import machine_line
 from features.examples import TIMELINE_SCHEMA, training_example_schema
 from features.registry import time_bucket
 from features.windows import (
@@ -47,20 +46,13 @@ from features.windows import (
     attach_windows,
     example_windows,
 )
-from pipelines.core.reference import build_reference
-from pipelines.sources.synthetic import GeneratorConfig, generate, validation_now_ms
-from pipelines.sources.synthetic.world import ads_table, contents_table, users_table
 
 LENGTHS = (256, 4096)
 
 
 def hardware() -> str:
-    """CPU model and cores, as /proc/cpuinfo names them."""
-    model = cpu_model()
-    return (
-        f"{model}, {os.cpu_count()} cores, Python {platform.python_version()}, "
-        f"numpy {np.__version__}, pyarrow {pa.__version__}"
-    )
+    """CPU model and cores, as /proc/cpuinfo names them, and the versions."""
+    return machine_line(np, pa)
 
 
 def list_bytes(table: pa.Table, names: tuple[str, ...]) -> int:
@@ -107,18 +99,9 @@ def padded_windows(
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Generate, build the reference and measure (see the module docstring)."""
-    config = GeneratorConfig(
-        users=args.users, ads=args.ads, days=args.days, seed=args.seed
-    )
-    data = generate(config)
+    tables = generated_tables(world_config(args))
     started = time.perf_counter()
-    out = build_reference(
-        data.events,
-        users_table(data.world.users),
-        ads_table(data.world.ads),
-        contents_table(data.world.contents),
-        now_ms=validation_now_ms(config),
-    )
+    out = tables.reference()
     reference_s = time.perf_counter() - started
     examples, timelines = out.examples, out.timelines
     cuts = examples["timeline_cut"].to_numpy()
@@ -139,7 +122,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         sample_disk = sample_path.stat().st_size * examples.num_rows / sample.num_rows
 
     storage = {
-        "events": data.events.num_rows,
+        "events": tables.events.num_rows,
         "examples": examples.num_rows,
         "timeline_events": out.counts["timeline_events"],
         "timelines_memory_bytes": timeline_memory,
@@ -207,7 +190,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "arguments": vars(args),
         "hardware": hardware(),
         "reference_seconds": reference_s,
-        "reference_events_per_s": data.events.num_rows / reference_s,
+        "reference_events_per_s": tables.events.num_rows / reference_s,
         "storage": storage,
         "throughput_256": throughput,
     }
@@ -254,10 +237,7 @@ def report(result: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     """CLI entry point."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--users", type=int, default=50_000)
-    parser.add_argument("--ads", type=int, default=5_000)
-    parser.add_argument("--days", type=int, default=4)
-    parser.add_argument("--seed", type=int, default=0)
+    add_world_arguments(parser, users=50_000, ads=5_000, days=4)
     parser.add_argument("--batch", type=int, default=4096)
     parser.add_argument("--sample", type=int, default=20_000)
     parser.add_argument("--repeat", type=int, default=3)

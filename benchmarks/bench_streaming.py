@@ -5,7 +5,7 @@ or a soak: memory over a long live stream.
         [--broker-down-seconds 3]
     python -m benchmarks.bench_streaming --soak-seconds 600 --rate 300
 
-One run of :func:`demos.streaming.run_stream_demo` (generator at a
+One run of :func:`demos.stream.run.run_stream_demo` (generator at a
 steady rate -> streaming job on Prism with Feast pushes -> trainer daemon,
 all on the embedded broker, which ``--broker-down-seconds`` kills half-way
 through the publishing and restarts that long after), and its peer in the
@@ -34,8 +34,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.machine import cpu_model
-from demos.streaming import StreamDemoConfig, job_runner, run_stream_demo
+from benchmarks.machine import machine_and_load
+from demos.stream.config import add_stream_arguments, stream_config
+from demos.stream.processes import streaming_job_command
+from demos.stream.report import job_runner
+from demos.stream.run import run_stream_demo
 
 
 def batch_peer(data: Path, out: Path) -> dict[str, Any]:
@@ -76,7 +79,6 @@ def _rss_mb(pid: int) -> float:
 def soak(seconds: float, rate: float, output: Path, days: int) -> dict[str, Any]:
     """Publish for ``seconds`` at ``rate`` while the job runs; RSS every 10 s."""
     import subprocess
-    import sys
     import threading
 
     from features.kafka import ensure_topics
@@ -104,23 +106,15 @@ def soak(seconds: float, rate: float, output: Path, days: int) -> dict[str, Any]
         ensure_topics(settings, {"gem.events": 4, "gem.examples": 4})
         with open(output / "job.log", "wb") as job_log:
             job = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "pipelines.build",
-                    "--streaming",
-                    "--runner=DirectRunner",
-                    f"--input={output / 'gen'}",
-                    f"--output={output / 'job'}",
-                    f"--kafka-bootstrap={settings.bootstrap}",
-                    "--events-topic=gem.events",
-                    "--examples-topic=gem.examples",
-                    "--shards=4",
-                    "--entity-shards=2",
-                    "--release-granularity-ms=3600000",
-                    "--stream-idle-seconds=5",
-                    f"--now-ms={validation_now_ms(world)}",
-                ],
+                streaming_job_command(
+                    settings,
+                    output / "gen",
+                    output / "job",
+                    topics=("gem.events", "gem.examples"),
+                    now_ms=validation_now_ms(world),
+                    shards=4,
+                    idle_seconds=5,
+                ),
                 stdout=subprocess.DEVNULL,
                 stderr=job_log,
                 start_new_session=True,  # its Prism goes with it on a kill
@@ -159,9 +153,7 @@ def soak(seconds: float, rate: float, output: Path, days: int) -> dict[str, Any]
     else:
         summary = json.loads(summary_path.read_text())
     return {
-        "cpu": cpu_model(),
-        "cores": os.cpu_count(),
-        "load_average_1m": round(os.getloadavg()[0], 1),
+        **machine_and_load(),
         "events": events.num_rows,
         "rate": rate,
         "days": days,
@@ -212,17 +204,9 @@ def plot_soak(result: dict[str, Any], path: Path) -> Path:
 def main() -> int:
     """Run the benchmark once and print its figures."""
     parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_streaming")
-    parser.add_argument("--users", type=int, default=300)
-    parser.add_argument("--days", type=int, default=3)
-    parser.add_argument("--rate", type=float, default=2000.0)
-    parser.add_argument(
-        "--broker-down-seconds",
-        type=float,
-        default=0.0,
-        help="SIGKILL the broker half-way through the publishing and start it "
-        "again this long after (0: no outage)",
+    add_stream_arguments(
+        parser, broker_down_seconds=0.0, output=Path("demo-output/bench-stream")
     )
-    parser.add_argument("--output", type=Path, default=Path("demo-output/bench-stream"))
     parser.add_argument(
         "--soak-seconds",
         type=float,
@@ -236,19 +220,10 @@ def main() -> int:
         result["plot"] = str(plot_soak(result, args.output / "soak_rss.png"))
         print(json.dumps(result, indent=2))
         return 0
-    config = StreamDemoConfig(
-        users=args.users,
-        days=args.days,
-        rate=args.rate,
-        broker_down_seconds=args.broker_down_seconds,
-        output=args.output,
-    )
-    stream = run_stream_demo(config)
+    stream = run_stream_demo(stream_config(args, trainer=True))
     peer = batch_peer(args.output / "gen", args.output / "batch")
     result = {
-        "cpu": cpu_model(),
-        "cores": os.cpu_count(),
-        "load_average_1m": round(os.getloadavg()[0], 1),
+        **machine_and_load(),
         "streaming_runner": stream["runner"],
         "batch_runner": peer["runner"],
         "events": stream["events"],

@@ -44,17 +44,14 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from benchmarks.generated import generated_tables
 from benchmarks.machine import cpu_model
+from demos.stream.processes import streaming_job_command
 from features.example_messages import decode_example_message
 from features.kafka import KafkaSettings, ensure_topics, topic_records
 from launchers.kafka_broker import EmbeddedKafka
-from pipelines.core.reference import build_reference, read_input
 from pipelines.sources.event_stream import publish_events
-from pipelines.sources.synthetic import (
-    GeneratorConfig,
-    generate_dataset,
-    validation_now_ms,
-)
+from pipelines.sources.synthetic import GeneratorConfig
 from trainer.training.checkpoint import PAUSE_ENV as CHECKPOINT_PAUSE_ENV
 from trainer.training.checkpoint import list_checkpoints
 from trainer.training.daemon import APPLIED_LOG_ENV
@@ -88,15 +85,10 @@ def _kill_group(process: subprocess.Popen[bytes]) -> None:
 def _job_command(
     settings: KafkaSettings, data: Path, out: Path, now: int, examples: str
 ) -> list[str]:
-    return [
-        sys.executable, "-m", "pipelines.build", "--streaming",
-        "--runner=DirectRunner", f"--input={data}", f"--output={out}",
-        f"--kafka-bootstrap={settings.bootstrap}",
-        f"--events-topic={EVENTS_TOPIC}", f"--examples-topic={examples}",
-        f"--shards={SHARDS}", "--entity-shards=2",
-        "--release-granularity-ms=600000", "--stream-idle-seconds=1",
-        f"--now-ms={now}",
-    ]  # fmt: skip
+    return streaming_job_command(
+        settings, data, out, topics=(EVENTS_TOPIC, examples), now_ms=now,
+        shards=SHARDS, idle_seconds=1, granularity_ms=600_000,
+    )  # fmt: skip
 
 
 def _daemon_command(settings: KafkaSettings, work: Path) -> list[str]:
@@ -128,12 +120,12 @@ def streaming_faults(
     broker: EmbeddedKafka, work: Path, kills: int, rng: random.Random, seed: int
 ) -> dict[str, Any]:
     """Part 1: the streaming job under SIGKILLs and a broker outage."""
-    config = GeneratorConfig(users=60, ads=20, days=3, seed=seed)
-    now = validation_now_ms(config)
     data = work / "gen"
-    generate_dataset(config, data)
-    events, users, ads, contents = read_input(data)
-    reference = build_reference(events, users, ads, contents, now_ms=now)
+    tables = generated_tables(
+        GeneratorConfig(users=60, ads=20, days=3, seed=seed), data
+    )
+    events, now = tables.events, tables.now_ms
+    reference = tables.reference()
     expected = set(reference.examples.column("example_id").to_pylist())
     settings = broker.settings
     ensure_topics(

@@ -129,9 +129,10 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-# No decoder is imported at the top (features.cli is the standard library
+# No decoder is imported at the top (these two import the standard library
 # only): the worker imports the decoders inside atheris.instrument_imports(),
 # and a module imported before is not instrumented.
+from benchmarks.generated import GeneratedTables, generated_tables
 from features.cli import CommandError, CommandParser, run_command
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -236,12 +237,12 @@ class ByteSource:
 # ---- events -------------------------------------------------------------------
 
 
-def _base_events() -> list[dict[str, Any]]:
-    """An impression, a click and an organic event, valid at FUZZ_NOW_MS."""
+def sample_events(now_ms: int = FUZZ_NOW_MS) -> list[dict[str, Any]]:
+    """An impression, a click on it and an organic event, valid at ``now_ms``."""
     impression = {
         "schema_version": 1,
         "event_id": "e-1",
-        "event_time": FUZZ_NOW_MS - 60_000,
+        "event_time": now_ms - 60_000,
         "user_id": 42,
         "domain": "instagram",
         "surface": "reels",
@@ -268,20 +269,20 @@ def _base_events() -> list[dict[str, Any]]:
     return [impression, click, like]
 
 
-def _generated_world() -> Any:
-    from pipelines.sources.synthetic import GeneratorConfig, generate
+def _generated_world() -> GeneratedTables:
+    from pipelines.sources.synthetic import GeneratorConfig
 
-    return generate(GeneratorConfig(users=12, ads=4, days=1, seed=5))
+    return generated_tables(GeneratorConfig(users=12, ads=4, days=1, seed=5))
 
 
 def event_seeds() -> list[bytes]:
     """Wire messages: hand-written events and some of the generator's."""
     from features.events import encode_event, encode_event_table
 
-    seeds = [encode_event(event) for event in _base_events()]
+    seeds = [encode_event(event) for event in sample_events()]
     iso = dt.datetime.fromtimestamp((FUZZ_NOW_MS - 5000) / 1000, dt.UTC).isoformat()
-    seeds.append(encode_event({**_base_events()[0], "event_time": iso}))
-    seeds.append(json.dumps(_base_events()[2], indent=1).encode())
+    seeds.append(encode_event({**sample_events()[0], "event_time": iso}))
+    seeds.append(json.dumps(sample_events()[2], indent=1).encode())
     events = _generated_world().events
     seeds += encode_event_table(events.slice(0, 24))
     seeds += [b"", b"{}", b"[]", b'{"event_id": "\\ud800"}', b"null"]
@@ -386,14 +387,39 @@ def make_decode_event(seeds: list[bytes]) -> Check:
     return check
 
 
-def make_stream_event(seeds: list[bytes]) -> Check:
-    """Target ``stream_event``: one poll of one partition, a message per line."""
-    from pipelines.streaming.kafka_source import DEAD_LETTERS, EVENTS, ReadTopicFn
-    from pipelines.streaming.topic_positions import (
+def read_one_partition(
+    reader: Any, topic: str, messages: list[Any], first_offset: int
+) -> tuple[list[str], int, bool]:
+    """The streaming job's reader (a ``ReadTopicFn``) on one poll of
+    partition 0 of ``topic``, ``messages`` from ``first_offset`` on: its
+    dead-letter lines, how many valid events, and whether it claimed them all."""
+    from pipelines.streaming.kafka_source import (
+        DEAD_LETTERS,
+        EVENTS,
         PartitionWatermarks,
         TopicPositions,
         TopicPositionsTracker,
     )
+
+    tracker = TopicPositionsTracker(TopicPositions(((0, first_offset),)))
+    outputs, claimed_all = reader._read_partition(
+        topic, 0, messages, tracker, PartitionWatermarks(((0, None),))
+    )
+    letters: list[str] = []
+    valid = 0
+    for output in outputs:
+        # Timestamped (a .value) or a bare (tag, value) pair.
+        tag, value = getattr(output, "value", output)
+        if tag == DEAD_LETTERS:
+            letters.append(value)
+        elif tag == EVENTS:
+            valid += value.events.num_rows
+    return letters, valid, claimed_all
+
+
+def make_stream_event(seeds: list[bytes]) -> Check:
+    """Target ``stream_event``: one poll of one partition, a message per line."""
+    from pipelines.streaming.kafka_source import ReadTopicFn
 
     reader = ReadTopicFn(
         None,
@@ -409,20 +435,11 @@ def make_stream_event(seeds: list[bytes]) -> Check:
             SimpleNamespace(value=value, offset=7 + i, timestamp=FUZZ_NOW_MS)
             for i, value in enumerate(data.split(b"\n"))
         ]
-        tracker = TopicPositionsTracker(TopicPositions(((0, 7),)))
-        outputs, _ = reader._read_partition(
-            "events", 0, messages, tracker, PartitionWatermarks(((0, None),))
-        )
+        letters, valid, _ = read_one_partition(reader, "events", messages, 7)
         originals = {m.offset: m.value for m in messages}
-        kept = 0
-        for output in outputs:
-            tag, value = getattr(output, "value", output)
-            if tag == DEAD_LETTERS:
-                kept += 1
-                check_evidence(value, "events", originals)
-            elif tag == EVENTS:
-                kept += value.events.num_rows
-        if kept != len(messages):
+        for letter in letters:
+            check_evidence(letter, "events", originals)
+        if len(letters) + valid != len(messages):
             raise ContractBreakError("streaming reader: events + dead letters != read")
 
     return check
@@ -521,7 +538,7 @@ def event_row(source: ByteSource, event_id: str) -> dict[str, Any]:
     from features import vocab
     from features.events import EVENT_FIELDS, MAX_CLOCK_SKEW_MS, MIN_EVENT_TIME_MS
 
-    row = dict(source.pick(_base_events()))
+    row = dict(source.pick(sample_events()))
     row["event_id"] = event_id
     words = (*vocab.DOMAINS, *vocab.SURFACES, *vocab.ACTIONS, *vocab.AD_FORMATS)
     for spec in EVENT_FIELDS:
@@ -772,18 +789,8 @@ def example_message_seeds() -> list[bytes]:
     from features.example_messages import encode_example_message
     from features.examples import TIMELINE_SEGMENT_SCHEMA, training_example_schema
     from features.windows import timeline_segments
-    from pipelines.core.reference import build_reference
-    from pipelines.sources.synthetic import GeneratorConfig, validation_now_ms
-    from pipelines.sources.synthetic.world import ads_table, contents_table, users_table
 
-    world = _generated_world()
-    reference = build_reference(
-        world.events,
-        users_table(world.world.users),
-        ads_table(world.world.ads),
-        contents_table(world.world.contents),
-        now_ms=validation_now_ms(GeneratorConfig(users=12, ads=4, days=1, seed=5)),
-    )
+    reference = _generated_world().reference()
     seeds = []
     for start, count, window in ((0, 1, 4), (3, 2, 8), (7, 3, 16)):
         chunk = reference.examples.slice(start, count)
@@ -1051,15 +1058,9 @@ def make_dead_letter(seeds: list[bytes]) -> Check:
 
 def dimension_seeds() -> list[bytes]:
     """A valid row of each dimension table, as JSON."""
-    from pipelines.sources.synthetic.world import ads_table, contents_table, users_table
-
-    world = _generated_world().world
+    world = _generated_world()
     seeds = []
-    for table in (
-        users_table(world.users),
-        ads_table(world.ads),
-        contents_table(world.contents),
-    ):
+    for table in (world.users, world.ads, world.contents):
         row = table.slice(0, 1).to_pylist()[0]
         seeds.append(json.dumps(row, default=lambda t: int(t.timestamp() * 1000)))
     return [seed.encode() for seed in seeds]

@@ -162,6 +162,15 @@ class PlainGEM(nn.Module):
         return self.heads(h.flatten(1), domain)
 
 
+MODEL_INPUTS = ("sparse", "seq_ids", "offsets", "max_len", "dense", "domain")
+"""A :func:`synthetic_batch`'s entries that :meth:`PlainGEM.forward` takes, in order."""
+
+
+def model_inputs(batch: dict[str, Any]) -> list[Any]:
+    """The arguments of :meth:`PlainGEM.forward` from a :func:`synthetic_batch`."""
+    return [batch[name] for name in MODEL_INPUTS]
+
+
 def synthetic_batch(
     config: ModelConfig,
     batch: int,
@@ -254,14 +263,7 @@ def main(argv: list[str] | None = None) -> int:
         torch._dynamo.maybe_mark_dynamic(b["seq_ids"], 0)
         opt.zero_grad(set_to_none=True)
         with autocast:
-            logits = forward(
-                b["sparse"],
-                b["seq_ids"],
-                b["offsets"],
-                b["max_len"],
-                b["dense"],
-                b["domain"],
-            )
+            logits = forward(*model_inputs(b))
         loss, _ = multi_domain_loss(logits.float(), b["labels"], b["domain"])
         loss.backward()
         opt.step()
@@ -274,14 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     with FlopCounterMode(display=False) as counter:  # eager, one step
         opt.zero_grad(set_to_none=True)
         b = batches[0]
-        logits = model(
-            b["sparse"],
-            b["seq_ids"],
-            b["offsets"],
-            b["max_len"],
-            b["dense"],
-            b["domain"],
-        )
+        logits = model(*model_inputs(b))
         F.binary_cross_entropy_with_logits(logits[:, 0], b["labels"]).backward()
     flops_per_example = counter.get_total_flops() / args.batch_size
     frames = torch._dynamo.utils.counters["frames"]

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import platform
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 
 def cpu_model() -> str:
@@ -15,3 +18,22 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def machine_line(*modules: ModuleType, arch: bool = False) -> str:
+    """One line for a report: the CPU (after its architecture with ``arch``),
+    its cores, and the versions of Python and of each of ``modules``."""
+    cpu = f"{platform.machine()} {cpu_model()}" if arch else cpu_model()
+    versions = "".join(f", {m.__name__} {m.__version__}" for m in modules)
+    return (
+        f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}{versions}"
+    )
+
+
+def machine_and_load() -> dict[str, Any]:
+    """The CPU, its cores and the 1-minute load average (the machine is shared)."""
+    return {
+        "cpu": cpu_model(),
+        "cores": os.cpu_count(),
+        "load_average_1m": round(os.getloadavg()[0], 1),
+    }

@@ -56,8 +56,8 @@ from trainer.data.feature_output import read_examples
 _CONFIG_FIELDS = ("users", "ads", "days", "seed", "events_per_user_day", "contents")
 # Weight of one organic event in the history oracle's posterior: events of a
 # session share its intent topic, so they are not independent draws from
-# theta_u. Of 1, 0.5, 0.25, 0.1, 0.25 gave the estimate closest to theta
-# (correlation 0.79 on the train days of the benchmark's world).
+# theta_u. Of the weights 1, 0.5, 0.25 and 0.1, this one gives the estimate
+# closest to theta_u on the train days of the benchmark's world.
 EVENT_WEIGHT = 0.25
 # History windows (events of any kind) the oracle is scored at; None: all.
 ORACLE_WINDOWS = (None, 128, 32)

@@ -1,7 +1,7 @@
 """Several training seeds in ``bench_quality``: choose, average, pair.
 
 A training seed (model init and the epochs' samples; the data stay the same)
-moves a model's NE by up to 0.01, as much as an ablation's margin, and the
+moves a model's NE by about as much as an ablation's margin, and the
 paired bootstrap over eval impressions does not see it. With ``--seeds``,
 every model is trained once per seed (saved under ``WORK/<section>_models/
 seed<S>/``) and this module turns those runs into:

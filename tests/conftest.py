@@ -3,7 +3,8 @@
 ``kafka_settings`` starts the embedded Apache Kafka broker once per test
 session, or, when ``GEM_KAFKA_BOOTSTRAP`` is set, uses that cluster instead.
 ``kafka_topic`` makes a fresh topic per test, which keeps tests independent on
-one broker.
+one broker. ``reference`` is the tiny generated set the daemon tests train on,
+and ``feed`` puts the three together (:mod:`tests.example_feed`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import pytest
 
 from features.kafka import KafkaSettings, ensure_topics
 from launchers.kafka_broker import EmbeddedKafka
+from pipelines.core.reference import ReferenceOutput
+from tests.example_feed import ExampleFeed, tiny_reference
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -48,3 +51,17 @@ def kafka_topic(kafka_settings: KafkaSettings) -> Callable[[int], str]:
         return name
 
     return make
+
+
+@pytest.fixture
+def reference() -> ReferenceOutput:
+    """The tiny generated set (never mutated); a module may define its own."""
+    return tiny_reference()
+
+
+@pytest.fixture
+def feed(
+    kafka_settings: KafkaSettings, kafka_topic: Callable[[int], str]
+) -> ExampleFeed:
+    """The session's broker, fresh topics on it and the tiny set's messages."""
+    return ExampleFeed(kafka_settings, kafka_topic, tiny_reference())

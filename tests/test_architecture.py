@@ -16,11 +16,11 @@ from __future__ import annotations
 import ast
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.interpreter import run_python
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("features", "pipelines", "trainer", "demos", "launchers")
@@ -196,13 +196,7 @@ def test_features_imports_no_heavy_frameworks() -> None:
         f"for m in {modules!r}: importlib.import_module(m)\n"
         "print(json.dumps(sorted(sys.modules)))\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", script],
-        check=True,
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-    ).stdout
+    out = run_python(script, check=True).stdout
     loaded = {name.split(".")[0] for name in json.loads(out)}
     assert not loaded & {"torch", "apache_beam", "feast", "torchrec", "fbgemm_gpu"}
 

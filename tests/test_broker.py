@@ -4,6 +4,7 @@ SIGKILL."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -11,11 +12,11 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka import TopicPartition
 from kafka.structs import OffsetAndMetadata
 
 from features.kafka import KafkaSettings, topic_records
@@ -40,14 +41,12 @@ def test_start_create_topics_produce_consume_stop(tmp_path: Path) -> None:
         host, port = broker.bootstrap.split(":")
         assert host == LOOPBACK
         broker.create_topics({"orders": 3})
-        producer = KafkaProducer(bootstrap_servers=broker.bootstrap)
+        producer = broker.settings.producer()
         for i in range(30):
             producer.send("orders", key=str(i % 5).encode(), value=f"m{i}".encode())
         producer.flush()
         producer.close()
-        consumer = KafkaConsumer(
-            bootstrap_servers=broker.bootstrap, consumer_timeout_ms=3000
-        )
+        consumer = broker.settings.consumer(consumer_timeout_ms=3000)
         assert consumer.partitions_for_topic("orders") == {0, 1, 2}
         partitions = [TopicPartition("orders", p) for p in range(3)]
         consumer.assign(partitions)
@@ -127,9 +126,13 @@ def _default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def test_cli_runs_until_interrupted(tmp_path: Path) -> None:
+@contextlib.contextmanager
+def broker_command(*args: str) -> Iterator[subprocess.Popen[str]]:
+    """``python -m launchers.kafka_broker ARGS``, once it says it is ready
+    (its first line read); on the way out Ctrl-C, which must stop it with
+    status 0, or a kill when a check failed (it must not be left running)."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "launchers.kafka_broker", "--topic", "events:4"],
+        [sys.executable, "-m", "launchers.kafka_broker", *args],
         stdout=subprocess.PIPE,
         text=True,
         # Ctrl-C as a terminal delivers it: a test run started in the
@@ -139,22 +142,29 @@ def test_cli_runs_until_interrupted(tmp_path: Path) -> None:
     )
     try:
         assert process.stdout is not None
-        line = process.stdout.readline()
-        assert line.startswith("Kafka broker ready: 127.0.0.1:"), line
-        bootstrap = line.split()[3]
-        consumer = KafkaConsumer(bootstrap_servers=bootstrap)
-        assert consumer.partitions_for_topic("events") == {0, 1, 2, 3}
-        consumer.close()
+        yield process
         process.send_signal(signal.SIGINT)
         # Stopping gives the broker 20 s before SIGKILL (EmbeddedKafka.stop).
         assert process.wait(timeout=40) == 0
-        host, port = bootstrap.split(":")
-        with socket.socket() as sock:
-            assert sock.connect_ex((host, int(port))) != 0
     finally:
-        if process.poll() is None:  # a failed check must not leave it running
+        if process.poll() is None:
             process.kill()
             process.wait()
+
+
+def test_cli_runs_until_interrupted(tmp_path: Path) -> None:
+    with broker_command("--topic", "events:4") as process:
+        assert process.stdout is not None
+        line = process.stdout.readline()
+        assert line.startswith("Kafka broker ready: 127.0.0.1:"), line
+        settings = KafkaSettings(bootstrap=line.split()[3])
+        consumer = settings.consumer()
+        assert consumer.partitions_for_topic("events") == {0, 1, 2, 3}
+        consumer.close()
+    assert settings.bootstrap is not None
+    host, port = settings.bootstrap.split(":")
+    with socket.socket() as sock:
+        assert sock.connect_ex((host, int(port))) != 0
 
 
 def test_restart_on_the_same_home_keeps_topics_records_and_offsets(
@@ -163,15 +173,11 @@ def test_restart_on_the_same_home_keeps_topics_records_and_offsets(
     home = tmp_path / "kafka"
     with EmbeddedKafka(home=home) as broker:
         broker.create_topics({"kept": 2})
-        producer = KafkaProducer(bootstrap_servers=broker.bootstrap, acks="all")
+        producer = broker.settings.producer(acks="all")
         for i in range(20):
             producer.send("kept", f"v{i}".encode(), partition=i % 2)
         producer.close()
-        consumer = KafkaConsumer(
-            bootstrap_servers=broker.bootstrap,
-            group_id="keeper",
-            enable_auto_commit=False,
-        )
+        consumer = broker.settings.consumer(group_id="keeper", enable_auto_commit=False)
         consumer.assign([TopicPartition("kept", 0)])
         consumer.commit({TopicPartition("kept", 0): OffsetAndMetadata(7, "", -1)})
         consumer.close()
@@ -181,7 +187,7 @@ def test_restart_on_the_same_home_keeps_topics_records_and_offsets(
         assert sorted(
             r.value for r in topic_records(broker.settings, "kept")
         ) == sorted(f"v{i}".encode() for i in range(20))
-        consumer = KafkaConsumer(bootstrap_servers=broker.bootstrap, group_id="keeper")
+        consumer = broker.settings.consumer(group_id="keeper")
         assert consumer.committed(TopicPartition("kept", 0)) == 7
         consumer.close()
 
@@ -194,9 +200,7 @@ def test_sigkill_mid_stream_loses_no_acknowledged_record(tmp_path: Path) -> None
     broker.start()
     try:
         broker.create_topics({"durable": 3})
-        producer = KafkaProducer(
-            **broker.settings.client_config(), acks="all", linger_ms=2
-        )
+        producer = broker.settings.producer(acks="all", linger_ms=2)
         acknowledged: list[bytes] = []
         failed: list[BaseException] = []
         lock = threading.Lock()

@@ -53,6 +53,7 @@ from pipelines.sources.synthetic import (
     validation_now_ms,
 )
 from pipelines.sources.synthetic.writer import read_events
+from tests.test_reference import assert_counts_add_up
 
 ROOT = Path(__file__).resolve().parents[1]
 MOVIELENS = ROOT.parent / "shared" / "data" / "movielens-100k"
@@ -204,15 +205,8 @@ def test_layout_and_counts_add_up(built: Path) -> None:
     counts = summary["counts"]
     assert summary["now_ms"] == NOW
     assert summary["layout_version"] == LAYOUT_VERSION
-    assert (
-        counts["events_read"] == counts["events_valid"] + counts["events_dead_lettered"]
-    )
-    assert (
-        counts["events_valid"]
-        == counts["events_distinct"] + counts["duplicates_removed"]
-    )
-    assert counts["events_distinct"] == counts["timeline_events"]
-    assert counts["impressions"] == counts["examples"] > 0
+    assert_counts_add_up({k: counts[k] for k in COUNT_NAMES})
+    assert counts["examples"] > 0
     assert counts["duplicates_removed"] >= 4  # the injected copies, at least
     days = sorted(p.name for p in (built / "examples").iterdir())
     assert days
@@ -310,7 +304,6 @@ def test_kafka_in_and_out(
     kafka_topic: Callable[[int], str],
     reference: ReferenceOutput,
 ) -> None:
-    from kafka import KafkaConsumer
 
     events_topic, examples_topic = kafka_topic(3), kafka_topic(2)
     events = read_events(dataset)
@@ -353,14 +346,12 @@ def test_kafka_in_and_out(
     assert counts["examples"] == reference.counts["examples"]
     assert published["examples"] == counts["examples"]
 
-    consumer = KafkaConsumer(
+    consumer = kafka_settings.consumer(
         examples_topic,
-        **kafka_settings.consumer_config(
-            group_id=f"t-{uuid.uuid4().hex}",
-            auto_offset_reset="earliest",
-            enable_auto_commit=False,
-            max_partition_fetch_bytes=64 << 20,
-        ),
+        group_id=f"t-{uuid.uuid4().hex}",
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        max_partition_fetch_bytes=64 << 20,
     )
     decoded: list[Any] = []
     try:

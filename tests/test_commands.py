@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.interpreter import run_python
+
 ROOT = Path(__file__).resolve().parents[1]
 HEAVY = ("torch", "torchrec", "fbgemm_gpu", "feast", "pandas", "pyarrow")
 # Beam jobs list Beam's own options too, from a cache of Beam's table
@@ -260,13 +262,7 @@ def _help(module: str) -> tuple[str, list[str]]:
         "    assert stop.code in (0, None), stop.code\n"
         "print('\\x00' + json.dumps(sorted(sys.modules)))\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", script],
-        check=True,
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-    ).stdout
+    out = run_python(script, check=True).stdout
     text, _, modules = out.rpartition("\x00")
     return text, json.loads(modules)
 

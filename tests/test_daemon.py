@@ -1,29 +1,24 @@
 """The Kafka trainer daemon: checkpoints, progressive metrics, poison, resume.
 
 Fault tests (SIGKILL, SIGTERM, broker pause, two ranks) are in
-``test_daemon_faults.py``; both use the helpers here.
+``test_daemon_faults.py``; the example messages they train on come from
+:mod:`tests.example_feed`.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
 import pytest
 import torch
 
-from features.example_messages import encode_example_message, message_headers
-from features.kafka import KafkaSettings
 from features.metrics import binary_metrics
 from features.windows import timeline_segments
-from pipelines.core.reference import ReferenceOutput, build_reference
-from pipelines.sources.synthetic import GeneratorConfig, generate, validation_now_ms
-from pipelines.sources.synthetic.world import ads_table, contents_table, users_table
+from pipelines.core.reference import ReferenceOutput
+from tests.example_feed import MAX_LEN, ExampleFeed, out_of_range_message
 from trainer.metrics.progressive import ProgressiveMetrics
 from trainer.models.config import tiny
 from trainer.training.checkpoint import (
@@ -34,72 +29,6 @@ from trainer.training.checkpoint import (
 )
 from trainer.training.daemon import DaemonConfig, run, run_daemon_until_drained
 from trainer.training.step import EvalOutput
-
-PER_MESSAGE = 16
-MAX_LEN = 4096  # the tiny preset's
-
-
-@functools.cache
-def tiny_reference() -> ReferenceOutput:
-    """A tiny generated set (a few hundred examples), built once per session."""
-    config = GeneratorConfig(users=120, ads=30, days=2, seed=11)
-    g = generate(config)
-    return build_reference(
-        g.events,
-        users_table(g.world.users),
-        ads_table(g.world.ads),
-        contents_table(g.world.contents),
-        now_ms=validation_now_ms(config),
-    )
-
-
-@pytest.fixture
-def reference() -> ReferenceOutput:
-    """The tiny set (never mutated)."""
-    return tiny_reference()
-
-
-def messages(reference: ReferenceOutput, count: int) -> list[bytes]:
-    """``count`` example messages of PER_MESSAGE examples each."""
-    examples = reference.examples
-    out = []
-    for i in range(count):
-        start = (i * PER_MESSAGE) % (examples.num_rows - PER_MESSAGE)
-        chunk = examples.slice(start, PER_MESSAGE)
-        segments = timeline_segments(chunk, reference.timelines, MAX_LEN)
-        out.append(encode_example_message(chunk, segments, max_seq_len=MAX_LEN))
-    return out
-
-
-def out_of_range_message(reference: ReferenceOutput) -> bytes:
-    """Decodes fine, but ``user_gender`` ids are outside their table."""
-    chunk = reference.examples.slice(0, 4)
-    index = chunk.schema.get_field_index("user_gender")
-    chunk = chunk.set_column(
-        index, chunk.schema.field(index), pa.array([10**6] * 4, pa.int64())
-    )
-    return encode_example_message(
-        chunk,
-        timeline_segments(chunk, reference.timelines, MAX_LEN),
-        max_seq_len=MAX_LEN,
-    )
-
-
-def publish(
-    settings: KafkaSettings, topic: str, values: list[bytes], partitions: int
-) -> list[tuple[int, int]]:
-    """Send ``values`` round-robin over partitions; returns (partition, offset)."""
-    producer = settings.producer(acks="all", max_request_size=16 * 1024 * 1024)
-    futures = [
-        producer.send(
-            topic, value=v, partition=i % partitions, headers=message_headers()
-        )
-        for i, v in enumerate(values)
-    ]
-    producer.flush()
-    sent = [(f.get(10).partition, f.get(10).offset) for f in futures]
-    producer.close()
-    return sent
 
 
 def applied_chain(log_path: Path, checkpoint_dir: Path) -> list[tuple[int, int]]:
@@ -167,18 +96,13 @@ def test_progressive_histogram_auc_matches_exact() -> None:
     assert restored.table() == metrics.table()
 
 
-def test_poison_set_aside_and_drained_run(
-    kafka_settings: KafkaSettings,
-    kafka_topic: Callable[[int], str],
-    reference: ReferenceOutput,
-    tmp_path: Path,
-) -> None:
-    topic = kafka_topic(1)
-    good = messages(reference, 8)
-    values = [*good[:3], b"garbage", out_of_range_message(reference), *good[3:]]
-    publish(kafka_settings, topic, values, 1)
+def test_poison_set_aside_and_drained_run(feed: ExampleFeed, tmp_path: Path) -> None:
+    topic = feed.new_topic(1)
+    good = feed.messages(8)
+    values = [*good[:3], b"garbage", out_of_range_message(feed.reference), *good[3:]]
+    feed.publish(topic, values, 1)
     result = run_daemon_until_drained(
-        kafka_settings,
+        feed.settings,
         topic,
         "g-poison",
         tmp_path / "ckpt",
@@ -195,7 +119,7 @@ def test_poison_set_aside_and_drained_run(
     assert all(0 < v["count"] for v in result["metrics"].values())
     assert len((tmp_path / "m.jsonl").read_text().splitlines()) >= 4
 
-    consumer = kafka_settings.consumer(
+    consumer = feed.settings.consumer(
         f"{topic}.dead-letter", auto_offset_reset="earliest", consumer_timeout_ms=3000
     )
     letters = list(consumer)
@@ -209,14 +133,8 @@ def test_poison_set_aside_and_drained_run(
     assert b"user_gender" in reasons[b"4"]["dead-letter-reason"]
 
 
-def test_resume_equals_uninterrupted(
-    kafka_settings: KafkaSettings,
-    kafka_topic: Callable[[int], str],
-    reference: ReferenceOutput,
-    tmp_path: Path,
-) -> None:
-    topic = kafka_topic(1)
-    publish(kafka_settings, topic, messages(reference, 12), 1)
+def test_resume_equals_uninterrupted(feed: ExampleFeed, tmp_path: Path) -> None:
+    topic, _ = feed.topic(feed.messages(12), 1)
 
     def config(name: str, **kw: object) -> DaemonConfig:
         return DaemonConfig(
@@ -229,9 +147,9 @@ def test_resume_equals_uninterrupted(
             **kw,  # type: ignore[arg-type]
         )
 
-    whole = run(config("whole"), kafka_settings)
-    first = run(config("split", max_steps=5), kafka_settings)
-    rest = run(config("split"), kafka_settings)
+    whole = run(config("whole"), feed.settings)
+    first = run(config("split", max_steps=5), feed.settings)
+    rest = run(config("split"), feed.settings)
     assert (whole["step"], first["step"], rest["step"]) == (12, 5, 12)
     a = load_latest(tmp_path / "whole")
     b = load_latest(tmp_path / "split")

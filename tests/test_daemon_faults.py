@@ -23,16 +23,11 @@ import pytest
 from features.kafka import KafkaSettings, ensure_topics
 from launchers.kafka_broker import EmbeddedKafka
 from pipelines.core.reference import ReferenceOutput
-from tests.test_daemon import applied_chain, messages, publish, tiny_reference
+from tests.example_feed import ExampleFeed, messages, publish
+from tests.test_daemon import applied_chain
 from trainer.training.checkpoint import list_checkpoints, load_latest
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture
-def reference() -> ReferenceOutput:
-    """The tiny generated set of ``test_daemon``."""
-    return tiny_reference()
 
 
 def daemon_command(
@@ -98,15 +93,11 @@ def log_lines(directory: Path) -> int:
 
 
 def test_sigkill_sigterm_restart_exactly_once(
-    kafka_settings: KafkaSettings,
-    kafka_topic: Callable[[int], str],
-    reference: ReferenceOutput,
-    tmp_path: Path,
+    feed: ExampleFeed, tmp_path: Path
 ) -> None:
-    topic = kafka_topic(2)
-    sent = publish(kafka_settings, topic, messages(reference, 30), 2)
+    topic, sent = feed.topic(feed.messages(30), 2)
     args = daemon_command(
-        kafka_settings, topic, "g-crash", tmp_path,
+        feed.settings, topic, "g-crash", tmp_path,
         "--checkpoint-every", "2", "--idle-seconds", "2.5",
     )  # fmt: skip
     rng = random.Random(7)
@@ -182,18 +173,13 @@ def test_broker_sigkill_and_restart_is_survived(
     assert "reachable again" in text
 
 
-def test_two_ranks_share_partitions(
-    kafka_settings: KafkaSettings,
-    kafka_topic: Callable[[int], str],
-    reference: ReferenceOutput,
-    tmp_path: Path,
-) -> None:
-    topic = kafka_topic(3)  # uneven: one rank runs dry first (zero-weight steps)
-    sent = publish(kafka_settings, topic, messages(reference, 24), 3)
+def test_two_ranks_share_partitions(feed: ExampleFeed, tmp_path: Path) -> None:
+    # Three partitions: uneven, one rank runs dry first (zero-weight steps).
+    topic, sent = feed.topic(feed.messages(24), 3)
     torchrun = Path(sys.executable).with_name("torchrun")
     command = [
         str(torchrun), "--standalone", "--nproc-per-node", "2", "-m", "trainer.daemon",
-        *daemon_command(kafka_settings, topic, "g-dp", tmp_path,
+        *daemon_command(feed.settings, topic, "g-dp", tmp_path,
                         "--checkpoint-every", "4", "--idle-seconds", "3"),
     ]  # fmt: skip
     environment = {

@@ -20,7 +20,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,14 +28,8 @@ import torch
 
 from features.kafka import KafkaSettings
 from features.kafka.topics import topic_records
-from pipelines.core.reference import ReferenceOutput
-from tests.test_daemon import (
-    PER_MESSAGE,
-    applied_chain,
-    messages,
-    publish,
-    tiny_reference,
-)
+from tests.example_feed import PER_MESSAGE, ExampleFeed
+from tests.test_daemon import applied_chain
 from tests.test_daemon_faults import (
     REPO,
     daemon_command,
@@ -54,12 +48,6 @@ from trainer.training.checkpoint import (
 from trainer.training.daemon import run_daemon_until_drained
 
 FIVE_MB = 5 * 1024 * 1024
-
-
-@pytest.fixture
-def reference() -> ReferenceOutput:
-    """The tiny generated set of ``test_daemon``."""
-    return tiny_reference()
 
 
 def run_to_drain(
@@ -118,15 +106,12 @@ def committed_offset(settings: KafkaSettings, topic: str, group: str) -> int | N
 @pytest.mark.parametrize("damage", ["bit flip in an embedding table", "truncation"])
 def test_damaged_newest_checkpoint_falls_back_exactly_once(
     damage: str,
-    kafka_settings: KafkaSettings,
-    kafka_topic: Callable[[int], str],
-    reference: ReferenceOutput,
+    feed: ExampleFeed,
     tmp_path: Path,
 ) -> None:
-    topic = kafka_topic(1)
-    values = messages(reference, 20)
-    sent = publish(kafka_settings, topic, values[:10], 1)
-    first = run_to_drain(kafka_settings, topic, "g-damage", tmp_path)
+    values = feed.messages(20)
+    topic, sent = feed.topic(values[:10], 1)
+    first = run_to_drain(feed.settings, topic, "g-damage", tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
     newest = list_checkpoints(tmp_path / "ckpt")[-1]
     assert newest.name == "ckpt-0000000010.pt"
@@ -135,9 +120,9 @@ def test_damaged_newest_checkpoint_falls_back_exactly_once(
         what = "unreadable"
     else:
         what = flip_bit_in_embedding_table(newest)
-    sent += publish(kafka_settings, topic, values[10:], 1)
+    sent += feed.publish(topic, values[10:], 1)
 
-    second = run_to_drain(kafka_settings, topic, "g-damage", tmp_path)
+    second = run_to_drain(feed.settings, topic, "g-damage", tmp_path)
     assert second.returncode == 0, second.stderr[-3000:]
     assert f"checkpoint {newest}" in second.stderr
     assert what in second.stderr
@@ -157,21 +142,17 @@ def test_damaged_newest_checkpoint_falls_back_exactly_once(
 
 
 def test_every_checkpoint_corrupt_refuses_then_start_fresh_trains_all(
-    kafka_settings: KafkaSettings,
-    kafka_topic: Callable[[int], str],
-    reference: ReferenceOutput,
-    tmp_path: Path,
+    feed: ExampleFeed, tmp_path: Path
 ) -> None:
-    topic = kafka_topic(1)
-    sent = publish(kafka_settings, topic, messages(reference, 6), 1)
-    first = run_to_drain(kafka_settings, topic, "g-refuse", tmp_path)
+    topic, sent = feed.topic(feed.messages(6), 1)
+    first = run_to_drain(feed.settings, topic, "g-refuse", tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
     # A clean exit sends the last group commit.
-    assert committed_offset(kafka_settings, topic, "g-refuse") == 6
+    assert committed_offset(feed.settings, topic, "g-refuse") == 6
     for path in list_checkpoints(tmp_path / "ckpt"):
         flip_bit_in_embedding_table(path)
 
-    refused = run_to_drain(kafka_settings, topic, "g-refuse", tmp_path)
+    refused = run_to_drain(feed.settings, topic, "g-refuse", tmp_path)
     assert refused.returncode == 2
     last = refused.stderr.strip().splitlines()[-1]
     assert last.startswith(
@@ -180,10 +161,10 @@ def test_every_checkpoint_corrupt_refuses_then_start_fresh_trains_all(
     assert "--start-fresh" in last
     assert "resumed from" not in refused.stderr
 
-    again = run_to_drain(kafka_settings, topic, "g-refuse", tmp_path)
+    again = run_to_drain(feed.settings, topic, "g-refuse", tmp_path)
     assert again.returncode == 2  # the corrupt files, set aside, still count
 
-    fresh = run_to_drain(kafka_settings, topic, "g-refuse", tmp_path, "--start-fresh")
+    fresh = run_to_drain(feed.settings, topic, "g-refuse", tmp_path, "--start-fresh")
     assert fresh.returncode == 0, fresh.stderr[-3000:]
     loaded = load_latest(tmp_path / "ckpt")
     assert loaded is not None
@@ -249,18 +230,15 @@ def test_a_missing_manifest_or_a_changed_offset_is_caught(
 
 
 def test_flipped_byte_and_five_megabytes_of_garbage_are_set_aside(
-    kafka_settings: KafkaSettings,
-    kafka_topic: Callable[[int], str],
-    reference: ReferenceOutput,
-    tmp_path: Path,
+    feed: ExampleFeed, tmp_path: Path
 ) -> None:
     """The dead-letter topic allows 1 MB: the 5 MB letter is stored truncated,
     with the original's length and hash; the daemon goes on, and a restart
     goes past it."""
     from kafka.admin import NewTopic
 
-    topic = kafka_topic(1)
-    admin = kafka_settings.admin()
+    topic = feed.new_topic(1)
+    admin = feed.settings.admin()
     admin.create_topics(
         [
             NewTopic(
@@ -272,13 +250,13 @@ def test_flipped_byte_and_five_megabytes_of_garbage_are_set_aside(
         ]
     )
     admin.close()
-    good = messages(reference, 8)
+    good = feed.messages(8)
     flipped = bytearray(good[3])
     flipped[len(flipped) // 2] ^= 0x04
     garbage = os.urandom(FIVE_MB)
-    publish(kafka_settings, topic, [*good[:3], bytes(flipped), garbage, *good[4:7]], 1)
+    feed.publish(topic, [*good[:3], bytes(flipped), garbage, *good[4:7]], 1)
     first = run_daemon_until_drained(
-        kafka_settings,
+        feed.settings,
         topic,
         "g-hostile",
         tmp_path / "ckpt",
@@ -288,7 +266,7 @@ def test_flipped_byte_and_five_megabytes_of_garbage_are_set_aside(
     assert (first["step"], first["dead_letters"], first["offsets"]) == (6, 2, {0: 8})
 
     letters = {
-        m.offset: m for m in topic_records(kafka_settings, f"{topic}.dead-letter")
+        m.offset: m for m in topic_records(feed.settings, f"{topic}.dead-letter")
     }
     assert sorted(letters) == [0, 1]
     headers = [dict(letters[i].headers) for i in (0, 1)]
@@ -304,9 +282,9 @@ def test_flipped_byte_and_five_megabytes_of_garbage_are_set_aside(
     assert 0 < len(letters[1].value) < 1024 * 1024
     assert garbage.startswith(letters[1].value)
 
-    publish(kafka_settings, topic, [good[7]], 1)
+    feed.publish(topic, [good[7]], 1)
     second = run_daemon_until_drained(
-        kafka_settings,
+        feed.settings,
         topic,
         "g-hostile",
         tmp_path / "ckpt",
@@ -319,17 +297,14 @@ def test_flipped_byte_and_five_megabytes_of_garbage_are_set_aside(
 
 
 def test_five_megabytes_of_garbage_are_dead_lettered_whole(
-    kafka_settings: KafkaSettings,
-    kafka_topic: Callable[[int], str],
-    reference: ReferenceOutput,
-    tmp_path: Path,
+    feed: ExampleFeed, tmp_path: Path
 ) -> None:
-    topic = kafka_topic(1)
+    topic = feed.new_topic(1)
     garbage = os.urandom(FIVE_MB)
-    good = messages(reference, 3)
-    publish(kafka_settings, topic, [good[0], garbage, *good[1:]], 1)
+    good = feed.messages(3)
+    feed.publish(topic, [good[0], garbage, *good[1:]], 1)
     result = run_daemon_until_drained(
-        kafka_settings,
+        feed.settings,
         topic,
         "g-whole",
         tmp_path / "ckpt",
@@ -337,7 +312,7 @@ def test_five_megabytes_of_garbage_are_dead_lettered_whole(
         preset="tiny",
     )
     assert (result["step"], result["dead_letters"]) == (3, 1)
-    (letter,) = topic_records(kafka_settings, f"{topic}.dead-letter")
+    (letter,) = topic_records(feed.settings, f"{topic}.dead-letter")
     assert letter.value == garbage
     assert dict(letter.headers)["dead-letter-truncated"] == b"false"
 
@@ -428,24 +403,21 @@ def test_full_disk_keeps_the_newest_good_checkpoint_not_a_corrupt_one(
 
 
 def test_daemon_on_a_full_disk_keeps_its_last_checkpoint_and_says_so(
-    kafka_settings: KafkaSettings,
-    kafka_topic: Callable[[int], str],
-    reference: ReferenceOutput,
+    feed: ExampleFeed,
     tmp_path: Path,
     small_filesystem: Path,
 ) -> None:
-    topic = kafka_topic(1)
-    values = messages(reference, 12)
-    sent = publish(kafka_settings, topic, values[:4], 1)
+    values = feed.messages(12)
+    topic, sent = feed.topic(values[:4], 1)
     args = daemon_command(
-        kafka_settings, topic, "g-full", tmp_path, "--checkpoint-every", "2",
+        feed.settings, topic, "g-full", tmp_path, "--checkpoint-every", "2",
         "--keep", "1", "--idle-seconds", "600",
     )  # fmt: skip
     process = start(args, tmp_path)
     assert wait_for(lambda: newest_step(tmp_path) == 4, process, 90)
     kept = list_checkpoints(small_filesystem)[-1]
     filler = fill(small_filesystem, leave=kept.stat().st_size // 4)
-    sent += publish(kafka_settings, topic, values[4:8], 1)
+    sent += feed.publish(topic, values[4:8], 1)
     log_path = tmp_path / "daemon.log"
     assert wait_for(lambda: "NOT written" in log_path.read_text(), process, 90)
     process.send_signal(signal.SIGTERM)
@@ -462,8 +434,8 @@ def test_daemon_on_a_full_disk_keeps_its_last_checkpoint_and_says_so(
     assert loaded[0]["step"] == 4
 
     filler.unlink()
-    sent += publish(kafka_settings, topic, values[8:], 1)
-    rest = run_to_drain(kafka_settings, topic, "g-full", tmp_path, "--keep", "1")
+    sent += feed.publish(topic, values[8:], 1)
+    rest = run_to_drain(feed.settings, topic, "g-full", tmp_path, "--keep", "1")
     assert rest.returncode == 0, rest.stderr[-3000:]
     assert f"resumed from {kept}" in rest.stderr
     assert sorted(applied_chain(tmp_path / "applied.jsonl", small_filesystem)) == (

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -230,14 +231,20 @@ def _example_messages() -> tuple[bytes, ...]:
     return tuple(example_message_seeds())
 
 
-@hostile(150)
-@given(st.data())
-def test_any_bit_flip_in_an_example_message_is_rejected(data: st.DataObject) -> None:
-    message = data.draw(st.sampled_from(_example_messages()))
+def _flip_a_bit(data: st.DataObject, messages: Sequence[bytes]) -> tuple[int, bytes]:
+    """One of ``messages`` with one bit flipped, both drawn; and that bit."""
+    message = data.draw(st.sampled_from(messages))
     bit = data.draw(st.integers(0, len(message) * 8 - 1))
     flipped = bytearray(message)
     flipped[bit // 8] ^= 1 << (bit % 8)
-    decoded = decode_example_message(bytes(flipped), message_headers())
+    return bit, bytes(flipped)
+
+
+@hostile(150)
+@given(st.data())
+def test_any_bit_flip_in_an_example_message_is_rejected(data: st.DataObject) -> None:
+    bit, flipped = _flip_a_bit(data, _example_messages())
+    decoded = decode_example_message(flipped, message_headers())
     check_decoded_message(decoded)
     assert not decoded.ok, f"bit {bit} flipped and the message still decodes"
 
@@ -268,11 +275,8 @@ def test_teacher_messages_never_raise(data: bytes) -> None:
 @hostile(100)
 @given(st.data())
 def test_any_bit_flip_in_a_teacher_message_is_rejected(data: st.DataObject) -> None:
-    message = data.draw(st.sampled_from(teacher_seeds()))
-    bit = data.draw(st.integers(0, len(message) * 8 - 1))
-    flipped = bytearray(message)
-    flipped[bit // 8] ^= 1 << (bit % 8)
-    table, reason = decode_teacher_message(bytes(flipped), teacher_message_headers())
+    bit, flipped = _flip_a_bit(data, teacher_seeds())
+    table, reason = decode_teacher_message(flipped, teacher_message_headers())
     assert table is None, f"bit {bit} flipped and the rows still decode"
     assert reason
 

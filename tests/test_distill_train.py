@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -15,9 +13,10 @@ import pyarrow.compute as pc
 import pytest
 import torch
 
+from benchmarks.generated import generated_features
 from features.vocab import DOMAINS, TRAINING_OBJECTIVES
-from pipelines import reference as reference_command
-from pipelines.sources.synthetic import GeneratorConfig, generate_dataset
+from pipelines.sources.synthetic import GeneratorConfig
+from tests.interpreter import run_python
 from trainer.data.feature_output import (
     ExampleDataset,
     event_time_ms,
@@ -48,13 +47,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     its outputs for every example of days 2-3."""
     root = tmp_path_factory.mktemp("distill")
     config = GeneratorConfig(users=250, ads=50, days=3, seed=11)
-    generate_dataset(config, root / "gen")
-    assert (
-        reference_command.main(
-            ["--input", str(root / "gen"), "--output", str(root / "f")]
-        )
-        == 0
-    )
+    generated_features(config, root / "gen", root / "f")
     cut = int(event_time_ms(read_examples(root / "f")).min()) // 86_400_000 + 1
     time_forward_split(root / "f", cut * 86_400_000, root / "old", root / "new")
     cfg = tiny()
@@ -165,13 +158,7 @@ def test_cli_trains_each_domain_without_the_teacher_code(
     argv = ["--examples", str(world["new"]), "--teacher", str(world["ckpt"])]
     argv += ["--methods", "full", "--batch-size", "128", "--metrics-out", str(out)]
     argv += ["--domains", "facebook"]  # one student keeps the test short
-    run = subprocess.run(
-        [sys.executable, "-c", CHILD, *argv],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
+    run = run_python(CHILD, *argv, timeout=240)
     assert run.returncode == 0, run.stderr[-3000:]
     child = json.loads(run.stdout.strip().splitlines()[-1])
     assert child == {"rc": 0, "imported": []}

@@ -29,6 +29,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 
+from benchmarks.generated import GeneratedTables, generated_tables
 from features.duplicates import (
     DUPLICATE_HORIZON_MS,
     canonical_event_bytes,
@@ -45,13 +46,9 @@ from pipelines.core.event_copies import (
     id_projection,
     winning_copies,
 )
-from pipelines.core.reference import ReferenceOutput, build_reference, read_input
+from pipelines.core.reference import ReferenceOutput
 from pipelines.core.shards import shard_of
-from pipelines.sources.synthetic import (
-    GeneratorConfig,
-    generate_dataset,
-    validation_now_ms,
-)
+from pipelines.sources.synthetic import GeneratorConfig, validation_now_ms
 from pipelines.streaming.config import StreamConfig
 from pipelines.streaming.entity_state import answer_entity_shard, route_entity_rows
 from pipelines.streaming.event_ids import forget_ids, notices_for, winners_table
@@ -71,12 +68,22 @@ DIMENSIONS = ("users.parquet", "ads.parquet", "contents.parquet", "manifest.json
 
 @dataclass(frozen=True)
 class World:
-    """The generated events, the copies added to them, the dimension tables."""
+    """The generated tables, the copies added to their events, and the folder
+    they were written to."""
 
-    events: pa.Table
+    tables: GeneratedTables
     copies: pa.Table
-    dims: Dimensions
     source: Path
+
+    @property
+    def events(self) -> pa.Table:
+        """The generated events."""
+        return self.tables.events
+
+    @property
+    def dims(self) -> Dimensions:
+        """The users, ads and contents tables."""
+        return Dimensions(self.tables.users, self.tables.ads, self.tables.contents)
 
 
 def _copies(events: pa.Table) -> pa.Table:
@@ -109,9 +116,8 @@ def _copies(events: pa.Table) -> pa.Table:
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> World:
     root = tmp_path_factory.mktemp("world")
-    generate_dataset(CONFIG, root)
-    events, users, ads, contents = read_input(root)
-    return World(events, _copies(events), Dimensions(users, ads, contents), root)
+    tables = generated_tables(CONFIG, root)
+    return World(tables, _copies(tables.events), root)
 
 
 def _layouts(world: World) -> list[pa.Table]:
@@ -144,8 +150,7 @@ def _write_input(world: World, order: int, root: Path) -> Path:
 
 
 def _reference(world: World, events: pa.Table) -> ReferenceOutput:
-    dims = world.dims
-    return build_reference(events, dims.users, dims.ads, dims.contents, now_ms=NOW)
+    return world.tables.reference(events)
 
 
 def test_the_winner_does_not_depend_on_the_order(world: World) -> None:

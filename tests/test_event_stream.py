@@ -12,7 +12,7 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from kafka import KafkaConsumer, TopicPartition
+from kafka import TopicPartition
 
 from features.events import EVENT_SCHEMA, events_from_records
 from features.kafka import KafkaSettings
@@ -94,7 +94,7 @@ def test_bad_messages_become_dead_letters_and_counts_balance(
     assert all(d.partition == 0 for d in report.dead_letters)
 
     # The dead-letter topic holds the original bytes with reason headers.
-    consumer = KafkaConsumer(**kafka_settings.client_config(), consumer_timeout_ms=1500)
+    consumer = kafka_settings.consumer(consumer_timeout_ms=1500)
     consumer.assign([TopicPartition(dlq, 0)])
     consumer.seek_to_beginning()
     copies = list(consumer)

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from benchmarks.fuzz_decoders import sample_events
 from features import vocab
 from features.event_table import validate_event_table
 from features.events import (
@@ -28,39 +29,7 @@ from features.fields import MAX_STRING_CHARS
 
 NOW = 1_790_000_000_000  # 2026-09-21, a fixed clock for the tests
 
-IMPRESSION: dict[str, Any] = {
-    "schema_version": 1,
-    "event_id": "e-1",
-    "event_time": NOW - 60_000,
-    "user_id": 42,
-    "domain": "instagram",
-    "surface": "reels",
-    "action": "impression",
-    "ad_id": 7,
-    "advertiser_id": 3,
-    "campaign_id": 11,
-    "ad_format": "video",
-    "objective": "conversions",
-    "impression_id": None,
-    "content_id": None,
-}
-LIKE: dict[str, Any] = {
-    **IMPRESSION,
-    "event_id": "e-2",
-    "action": "like",
-    "ad_id": None,
-    "advertiser_id": None,
-    "campaign_id": None,
-    "ad_format": None,
-    "objective": None,
-    "content_id": 99,
-}
-CLICK: dict[str, Any] = {
-    **IMPRESSION,
-    "event_id": "e-3",
-    "action": "click",
-    "impression_id": "e-1",
-}
+IMPRESSION, CLICK, LIKE = sample_events(NOW)
 
 
 def with_(base: dict[str, Any], **changes: Any) -> dict[str, Any]:

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,13 +20,14 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from feast import FeatureStore, RepoConfig
+from feast import FeatureStore
 from feast.value_type import ValueType
 
+from benchmarks.bench_feast import REDIS, redis_store
 from features.feature_tables import FEATURE_TABLES
 from pipelines.feast import command as feast_command
 from pipelines.feast import ops as feast_ops
-from pipelines.feast import sqlite as feast_sqlite
+from tests.interpreter import run_python
 from tests.test_feast_store import (
     FeatureJob,
     active_user,
@@ -38,12 +37,12 @@ from tests.test_feast_store import (
     make_feature_job,
     materialize_in_two_steps,
     plain,
+    sql_registry_config,
     table_rows,
 )
 
 pytestmark = pytest.mark.integration
 
-REDIS = os.environ.get(feast_ops.REDIS_VAR, "127.0.0.1:6379")
 PG_SERVER = os.environ.get("GEM_FEAST_PG", "root@127.0.0.1:5432")
 """user@host:port of the PostgreSQL server that holds the test registries."""
 
@@ -86,22 +85,6 @@ def pg_registry_url() -> Iterator[str]:
         with psycopg.connect(**admin, autocommit=True) as conn:
             # FORCE: the registry's SQLAlchemy pool may still hold connections.
             conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
-
-
-def redis_store(
-    tmp_path: Path, project: str, engine: feast_ops.Engine | None = None
-) -> FeatureStore:
-    """The prod yaml's Redis store and batch engine (``engine`` overrides it),
-    its SQL registry on a SQLite file: the Redis half of prod on its own."""
-    return FeatureStore(
-        config=feast_ops.repo_config(
-            "prod",
-            project=project,
-            registry_url=f"sqlite:///{tmp_path / f'registry-{project}.db'}",
-            redis=REDIS,
-            engine=engine,
-        )
-    )
 
 
 def redis_hashes(store: FeatureStore) -> dict[bytes, dict[bytes, bytes]]:
@@ -179,20 +162,7 @@ def test_redis_arrow_engine_writes_what_feasts_engine_writes(
 def test_sql_registry_on_postgres(
     tmp_path: Path, job: FeatureJob, project: str, pg_registry_url: str
 ) -> None:
-    config = RepoConfig(
-        project=project,
-        provider="local",
-        registry={
-            "registry_type": "sql",
-            "path": pg_registry_url,
-            "cache_ttl_seconds": 60,
-        },
-        online_store=feast_sqlite.GuardedSqliteOnlineStoreConfig(
-            path=str(tmp_path / "online.db")
-        ),
-        entity_key_serialization_version=3,
-        repo_path=tmp_path,
-    )
+    config = sql_registry_config(project, pg_registry_url, tmp_path)
     store = FeatureStore(config=config)
     feast_ops.apply(store, job.directory)
     feast_ops.materialize(store)
@@ -255,14 +225,7 @@ def test_feast_cli_reads_the_prod_endpoints_from_the_environment(
         " standalone_mode=False)\n"
     )
     # Both commands in one interpreter: Feast's import alone takes seconds.
-    done = subprocess.run(
-        [sys.executable, "-c", script, str(prod)],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = run_python(script, str(prod), cwd=tmp_path, env=env, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     store = FeatureStore(
         config=feast_ops.repo_config(

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ast
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from features.examples import TIMELINE_SCHEMA, training_example_schema
 from features.feature_tables import EVENT_TIMESTAMP, FEATURE_TABLES
 from features.registry import DENSE_FEATURES, SEQUENCE_FEATURES, SPARSE_FEATURES
 from pipelines.feast import ops as feast_ops
+from tests.interpreter import run_python
 
 ROOT = Path(__file__).resolve().parents[1]
 REPO = ROOT / "feature_repo"
@@ -231,14 +231,8 @@ def test_feast_cli_applies_and_materializes_the_feature_job_output(
         " standalone_mode=False)\n"
     )
     env = dict(os.environ, GEM_FEATURES_DIR=str(job.directory))
-    done = subprocess.run(
-        [sys.executable, "-c", script, "2030-01-01T00:00:00", str(fs_yaml)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,  # Feast's import and CLI take tens of seconds on a busy machine
-    )
+    # Feast's import and CLI take tens of seconds on a busy machine.
+    done = run_python(script, "2030-01-01T00:00:00", str(fs_yaml), env=env, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "Deploying infrastructure for user_sequence" in done.stdout
     store = FeatureStore(repo_path=str(REPO), fs_yaml_file=fs_yaml)

@@ -35,6 +35,7 @@ from pipelines.feast import retrieval as feast_retrieval
 from pipelines.feast import sqlite as feast_sqlite
 from pipelines.sources.synthetic import GeneratorConfig, generate, validation_now_ms
 from pipelines.sources.synthetic.world import ads_table, contents_table, users_table
+from tests.test_reference import with_versions
 
 CONFIG = GeneratorConfig(users=150, ads=40, days=2, seed=11)
 NOW_MS = validation_now_ms(CONFIG)
@@ -46,21 +47,19 @@ SAMPLE = 150
 
 
 def _with_versions(table: pa.Table, column: str, values: tuple[str, ...]) -> pa.Table:
-    """A second version (``column`` changed) mid-period for the first 20 rows,
-    and the next 40 rows' only version moved into the period, so as-of joins
-    have several answers and sometimes none yet."""
-    rows = table.to_pylist()
+    """20 entities with a second version mid-period, the next 40 with their
+    only version inside the period (see :func:`with_versions`)."""
     start = dt.datetime.combine(CONFIG.start, dt.time(), dt.UTC)
     mid = start + dt.timedelta(days=1, hours=3)
-    extra = []
-    for i, row in enumerate(rows):
-        if i < 20:
-            new = dict(row, updated_at=mid)
-            new[column] = values[(values.index(row[column]) + 1) % len(values)]
-            extra.append(new)
-        elif i < 60:
-            row["updated_at"] = mid + dt.timedelta(hours=9)
-    return pa.Table.from_pylist(rows + extra, schema=table.schema)
+    return with_versions(
+        table,
+        column,
+        values,
+        versioned=20,
+        moved=40,
+        mid=mid,
+        moved_at=mid + dt.timedelta(hours=9),
+    )
 
 
 @dataclass(frozen=True)
@@ -570,6 +569,38 @@ def sqlite_rows(store: FeatureStore) -> dict[str, list[tuple[Any, ...]]]:
         conn.close()
 
 
+def stock_sqlite_config(directory: Path) -> RepoConfig:
+    """A fresh project on Feast's own SQLite online store (not the guarded
+    one) and a file registry, both in ``directory``."""
+    return RepoConfig(
+        project=f"t_{uuid.uuid4().hex[:10]}",
+        provider="local",
+        registry=str(directory / "registry.db"),
+        online_store=SqliteOnlineStoreConfig(path=str(directory / "online.db")),
+        entity_key_serialization_version=3,
+        repo_path=directory,
+    )
+
+
+def sql_registry_config(project: str, registry_url: str, directory: Path) -> RepoConfig:
+    """A repository on Feast's SQL registry at ``registry_url`` (SQLAlchemy),
+    its guarded SQLite online store in ``directory``."""
+    return RepoConfig(
+        project=project,
+        provider="local",
+        registry={
+            "registry_type": "sql",
+            "path": registry_url,
+            "cache_ttl_seconds": 60,
+        },
+        online_store=feast_sqlite.GuardedSqliteOnlineStoreConfig(
+            path=str(directory / "online.db")
+        ),
+        entity_key_serialization_version=3,
+        repo_path=directory,
+    )
+
+
 def test_arrow_engine_writes_what_feasts_engine_writes(
     tmp_path: Path, job: FeatureJob
 ) -> None:
@@ -581,16 +612,7 @@ def test_arrow_engine_writes_what_feasts_engine_writes(
     for engine in ("arrow", "feast"):
         stores[engine] = store = local_store(tmp_path / engine, engine=engine)
         assert feast_ops.configured_engine(store) == engine
-    stores["stock"] = FeatureStore(
-        config=RepoConfig(
-            project=f"t_{uuid.uuid4().hex[:10]}",
-            provider="local",
-            registry=str(tmp_path / "registry.db"),
-            online_store=SqliteOnlineStoreConfig(path=str(tmp_path / "online.db")),
-            entity_key_serialization_version=3,
-            repo_path=tmp_path,
-        )
-    )
+    stores["stock"] = FeatureStore(config=stock_sqlite_config(tmp_path))
     assert feast_ops.configured_engine(stores["stock"]) == "feast"
     for store in stores.values():
         materialize_in_two_steps(store, job)
@@ -619,14 +641,7 @@ def test_plain_feast_sqlite_lets_the_older_write_win(
 
     If this starts failing, Feast guards it itself and the subclass can go.
     """
-    config = RepoConfig(
-        project=f"t_{uuid.uuid4().hex[:10]}",
-        provider="local",
-        registry=str(tmp_path / "registry.db"),
-        online_store=SqliteOnlineStoreConfig(path=str(tmp_path / "online.db")),
-        entity_key_serialization_version=3,
-        repo_path=tmp_path,
-    )
+    config = stock_sqlite_config(tmp_path)
     store = FeatureStore(config=config)
     feast_ops.apply(store, job.directory)
     values = assert_older_window_keeps_newer_values(store, job)
@@ -689,19 +704,8 @@ def test_bad_feature_tables_fail_apply_and_materialize_naming_view_and_column(
 def test_sql_registry_works_through_sqlalchemy(tmp_path: Path, job: FeatureJob) -> None:
     """The SQL registry code path of the prod config, on SQLite via SQLAlchemy
     (PostgreSQL itself: tests/test_feast_prod.py)."""
-    config = RepoConfig(
-        project=f"t_{uuid.uuid4().hex[:10]}",
-        provider="local",
-        registry={
-            "registry_type": "sql",
-            "path": f"sqlite:///{tmp_path / 'registry.db'}",
-            "cache_ttl_seconds": 60,
-        },
-        online_store=feast_sqlite.GuardedSqliteOnlineStoreConfig(
-            path=str(tmp_path / "online.db")
-        ),
-        entity_key_serialization_version=3,
-        repo_path=tmp_path,
+    config = sql_registry_config(
+        f"t_{uuid.uuid4().hex[:10]}", f"sqlite:///{tmp_path / 'registry.db'}", tmp_path
     )
     store = FeatureStore(config=config)
     feast_ops.apply(store, job.directory)

@@ -8,13 +8,12 @@ installed Feast is checked for real.
 from __future__ import annotations
 
 import importlib.metadata
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from pipelines.feast import version as feast_version
+from tests.interpreter import run_python
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -83,9 +82,7 @@ def test_an_unsupported_feast_is_one_line_and_exit_2_in_a_command() -> None:
         "    raise feast_version.UnsupportedFeastError(problem)\n"
         "sys.exit(run_command(CommandParser('x'), command, []))\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT
-    )
+    done = run_python(script)
     assert done.returncode == 2
     (line,) = done.stderr.strip().splitlines()
     assert "found 0.70.0; pip install feast==0.67.0" in line

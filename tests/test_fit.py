@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from benchmarks.generated import generated_features
 from features.vocab import DOMAINS, TRAINING_OBJECTIVES
-from pipelines import reference as reference_command
-from pipelines.sources.synthetic import GeneratorConfig, generate_dataset
+from pipelines.sources.synthetic import GeneratorConfig
 from trainer import fit as fit_command
 from trainer.data.feature_output import (
     ExampleDataset,
@@ -35,13 +35,7 @@ FAST = ["--preset", "tiny", "--max-seq-len", "32", "--batch-size", "256"]
 def split(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, int]:
     """(train dir, eval dir, cut) from one generated set, cut at ~80 %."""
     root = tmp_path_factory.mktemp("fit")
-    generate_dataset(CONFIG, root / "gen")
-    assert (
-        reference_command.main(
-            ["--input", str(root / "gen"), "--output", str(root / "f")]
-        )
-        == 0
-    )
+    generated_features(CONFIG, root / "gen", root / "f")
     cut = cut_at_fraction(root / "f", 0.8)
     n_train, n_eval = time_forward_split(root / "f", cut, root / "train", root / "eval")
     assert n_train > 0
@@ -221,14 +215,10 @@ def test_recalibration_calibrates_the_validation_period_and_keeps_rankings(
     """Validated on the eval dir itself: every task's calibration becomes 1,
     while AUC (a ranking within the task) does not move. A bigger world than
     ``split``'s, so that tasks have the positives a shift needs."""
-    generate_dataset(
-        GeneratorConfig(users=3000, ads=200, days=3, seed=3), tmp_path / "g"
-    )
-    assert (
-        reference_command.main(
-            ["--input", str(tmp_path / "g"), "--output", str(tmp_path / "f")]
-        )
-        == 0
+    generated_features(
+        GeneratorConfig(users=3000, ads=200, days=3, seed=3),
+        tmp_path / "g",
+        tmp_path / "f",
     )
     cut = cut_at_fraction(tmp_path / "f", 0.7)
     train, evals = tmp_path / "train", tmp_path / "eval"
@@ -329,7 +319,7 @@ def test_compiled_fit_trains_the_same_model(
     split: tuple[Path, Path, int], tmp_path: Path
 ) -> None:
     """``--compile``: dynamo + AOT autograd (aot_eager: no code generation)
-    trace the same arithmetic as eager mode. DLRM keeps it to ~30 s; GEM's
+    trace the same arithmetic as eager mode. DLRM keeps the compile short; GEM's
     own graph is checked in test_compile.py and test_model_gem.py."""
     train, evals, _ = split
     args = ("--model", "dlrm", "--max-steps-per-epoch", "4", "--seed", "3")

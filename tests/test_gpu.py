@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipelines import reference as reference_command
-from pipelines.sources.synthetic import GeneratorConfig, generate_dataset
+from benchmarks.generated import generated_features
+from pipelines.sources.synthetic import GeneratorConfig
 from tests.test_model_batches import random_batch
 from trainer import fit as fit_command
 from trainer.data.feature_output import cut_at_fraction, time_forward_split
@@ -77,12 +77,10 @@ def test_a_train_step_on_cuda_equals_the_cpu(name: str) -> None:
 
 
 def test_fit_on_cuda_reports_the_device_and_close_metrics(tmp_path: Path) -> None:
-    generate_dataset(GeneratorConfig(users=300, ads=60, days=3, seed=7), tmp_path / "g")
-    assert (
-        reference_command.main(
-            ["--input", str(tmp_path / "g"), "--output", str(tmp_path / "f")]
-        )
-        == 0
+    generated_features(
+        GeneratorConfig(users=300, ads=60, days=3, seed=7),
+        tmp_path / "g",
+        tmp_path / "f",
     )
     cut = cut_at_fraction(tmp_path / "f", 0.8)
     time_forward_split(tmp_path / "f", cut, tmp_path / "train", tmp_path / "eval")

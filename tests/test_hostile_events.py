@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from benchmarks.fuzz_decoders import read_one_partition
 from features.deadletter import DeadLetter
 from features.events import (
     EVENT_COLUMNS,
@@ -492,10 +493,10 @@ def test_topic_readers_dead_letter_each_hostile_message(
 
 def _small_topic(settings: KafkaSettings, max_bytes: int) -> str:
     """A topic that takes records of at most ``max_bytes``."""
-    from kafka.admin import KafkaAdminClient, NewTopic
+    from kafka.admin import NewTopic
 
     name = f"small-{uuid.uuid4().hex[:12]}"
-    admin = KafkaAdminClient(**settings.client_config())
+    admin = settings.admin()
     try:
         admin.create_topics(
             [NewTopic(name, 1, 1, topic_configs={"max.message.bytes": str(max_bytes)})]
@@ -556,19 +557,11 @@ def _stream_read(
 ) -> tuple[list[DeadLetter], int, int]:
     """The streaming job's reader on every message of ``topic``'s partition 0,
     polled from the broker: its dead letters, valid events, messages read."""
-    from apache_beam.transforms.window import TimestampedValue
-    from kafka import KafkaConsumer, TopicPartition
+    from kafka import TopicPartition
 
-    from pipelines.streaming.kafka_source import DEAD_LETTERS, EVENTS, ReadTopicFn
-    from pipelines.streaming.topic_positions import (
-        PartitionWatermarks,
-        TopicPositions,
-        TopicPositionsTracker,
-    )
+    from pipelines.streaming.kafka_source import ReadTopicFn
 
-    consumer = KafkaConsumer(
-        **settings.consumer_config(group_id=None, enable_auto_commit=False)
-    )
+    consumer = settings.consumer(group_id=None, enable_auto_commit=False)
     tp = TopicPartition(topic, 0)
     try:
         consumer.assign([tp])
@@ -587,17 +580,6 @@ def _stream_read(
         idle_seconds=None,
         now_ms=NOW,
     )
-    tracker = TopicPositionsTracker(TopicPositions(((0, 0),)))
-    outputs, claimed_all = reader._read_partition(
-        topic, 0, messages, tracker, PartitionWatermarks(((0, None),))
-    )
+    lines, valid, claimed_all = read_one_partition(reader, topic, messages, 0)
     assert claimed_all
-    letters: list[DeadLetter] = []
-    valid = 0
-    for output in outputs:
-        kind, value = output.value if isinstance(output, TimestampedValue) else output
-        if kind == DEAD_LETTERS:
-            letters.append(DeadLetter.from_json(value))
-        elif kind == EVENTS:
-            valid += value.events.num_rows
-    return letters, valid, len(messages)
+    return [DeadLetter.from_json(line) for line in lines], valid, len(messages)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -13,6 +15,7 @@ from torchrec.modules.embedding_modules import (
     EmbeddingCollection,
 )
 
+from benchmarks.generated import generated_reference
 from features.examples import LABEL_COLUMNS
 from features.registry import (
     DENSE_FEATURES,
@@ -26,9 +29,8 @@ from features.windows import (
     example_windows,
     timeline_segments,
 )
-from pipelines.core.reference import ReferenceOutput, build_reference
-from pipelines.sources.synthetic import GeneratorConfig, generate, validation_now_ms
-from pipelines.sources.synthetic.world import ads_table, contents_table, users_table
+from pipelines.core.reference import ReferenceOutput
+from pipelines.sources.synthetic import GeneratorConfig
 from trainer.data.batch import SEQUENCE_FEATURE_NAMES, SPARSE_FEATURE_NAMES, Batch
 from trainer.data.inputs import make_batch
 
@@ -37,15 +39,7 @@ MAX_LEN = 32
 
 @pytest.fixture(scope="module")
 def reference() -> ReferenceOutput:
-    config = GeneratorConfig(users=120, ads=30, days=2, seed=5)
-    g = generate(config)
-    return build_reference(
-        g.events,
-        users_table(g.world.users),
-        ads_table(g.world.ads),
-        contents_table(g.world.contents),
-        now_ms=validation_now_ms(config),
-    )
+    return generated_reference(GeneratorConfig(users=120, ads=30, days=2, seed=5))
 
 
 @pytest.fixture(scope="module")
@@ -128,31 +122,27 @@ def test_materialized_windows_give_the_same_batch(
 
 def test_embedding_collections_from_the_registry_accept_the_kjts(batch: Batch) -> None:
     dim = 4
-    ebc = EmbeddingBagCollection(
-        tables=[
-            EmbeddingBagConfig(
+
+    def tables(config: type, features: tuple[Any, ...]) -> list[Any]:
+        """One table per feature, named as the models name them."""
+        return [
+            config(
                 name=f"t_{f.name}",
                 embedding_dim=dim,
                 num_embeddings=f.num_embeddings,
                 feature_names=[f.name],
             )
-            for f in SPARSE_FEATURES
-        ],
-        device=torch.device("cpu"),
+            for f in features
+        ]
+
+    cpu = torch.device("cpu")
+    ebc = EmbeddingBagCollection(
+        tables=tables(EmbeddingBagConfig, SPARSE_FEATURES), device=cpu
     )
     pooled = ebc(batch.sparse)
     assert pooled.values().shape == (batch.size, dim * len(SPARSE_FEATURES))
     ec = EmbeddingCollection(
-        tables=[
-            EmbeddingConfig(
-                name=f"t_{f.name}",
-                embedding_dim=dim,
-                num_embeddings=f.num_embeddings,
-                feature_names=[f.name],
-            )
-            for f in SEQUENCE_FEATURES
-        ],
-        device=torch.device("cpu"),
+        tables=tables(EmbeddingConfig, SEQUENCE_FEATURES), device=cpu
     )
     sequences = ec(batch.sequence)
     total = int(batch.sequence.lengths().sum()) // len(SEQUENCE_FEATURES)

@@ -6,21 +6,18 @@ password is refused."""
 
 from __future__ import annotations
 
-import signal
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from kafka import KafkaConsumer, KafkaProducer
 from kafka.errors import KafkaError
 
 from features.cli import CommandParser
 from features.kafka import KafkaSettings, add_kafka_arguments, ensure_topics
 from features.kafka.settings import SASL_MECHANISMS
+from tests.test_broker import broker_command
 
 pytestmark = pytest.mark.integration
 
@@ -33,26 +30,10 @@ LOGIN_MODULES = {
 }
 
 
-def _default_sigint() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 @pytest.fixture(scope="module")
 def sasl_bootstrap() -> Iterator[str]:
     """The SASL_PLAINTEXT address of a broker started by its command."""
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "launchers.kafka_broker",
-            "--sasl-user",
-            f"{USER}:{PASSWORD}",
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-        preexec_fn=_default_sigint,
-    )
-    try:
+    with broker_command("--sasl-user", f"{USER}:{PASSWORD}") as process:
         assert process.stdout is not None
         ready = process.stdout.readline()
         assert ready.startswith("Kafka broker ready: "), ready
@@ -60,12 +41,6 @@ def sasl_bootstrap() -> Iterator[str]:
         assert listener.startswith("SASL_PLAINTEXT listener: 127.0.0.1:"), listener
         assert all(mechanism in listener for mechanism in SASL_MECHANISMS)
         yield listener.split()[2]
-        process.send_signal(signal.SIGINT)
-        assert process.wait(timeout=40) == 0
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
 
 
 def _client_properties(
@@ -102,16 +77,13 @@ def test_clients_authenticate_with_a_kafka_config_file(
     topic = f"sasl-{mechanism.lower()}-{uuid.uuid4().hex[:8]}"
     ensure_topics(settings, {topic: 2})  # admin client and metadata probe
     sent = [f"{mechanism}-{i}".encode() for i in range(20)]
-    producer = KafkaProducer(**settings.producer_config(acks="all"))
+    producer = settings.producer(acks="all")
     for value in sent:
         producer.send(topic, value)
     producer.flush(timeout=30)
     producer.close()
-    consumer = KafkaConsumer(
-        topic,
-        **settings.consumer_config(
-            group_id=f"sasl-{uuid.uuid4().hex[:8]}", auto_offset_reset="earliest"
-        ),
+    consumer = settings.consumer(
+        topic, group_id=f"sasl-{uuid.uuid4().hex[:8]}", auto_offset_reset="earliest"
     )
     received: list[bytes] = []
     deadline = time.monotonic() + 60
@@ -126,9 +98,7 @@ def test_clients_authenticate_with_a_kafka_config_file(
 
 
 def _send_one(settings: KafkaSettings) -> None:
-    producer = KafkaProducer(
-        **settings.producer_config(max_block_ms=5000, bootstrap_timeout_ms=5000)
-    )
+    producer = settings.producer(max_block_ms=5000, bootstrap_timeout_ms=5000)
     try:
         producer.send("anything", b"x").get(timeout=10)
     finally:

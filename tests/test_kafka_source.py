@@ -18,7 +18,7 @@ from features.example_messages import encode_example_message, message_headers
 from features.kafka import KafkaSettings
 from features.windows import timeline_segments
 from pipelines.core.reference import ReferenceOutput
-from tests.test_daemon import MAX_LEN, PER_MESSAGE, tiny_reference
+from tests.example_feed import MAX_LEN, PER_MESSAGE, tiny_reference
 from trainer.data.kafka_source import Item, KafkaSource
 
 
@@ -35,11 +35,7 @@ def send(
     reference: ReferenceOutput,
 ) -> None:
     """Publish each (partition, examples) in the list's order, stamped."""
-    from kafka import KafkaProducer
-
-    producer = KafkaProducer(
-        **settings.client_config(), acks="all", max_request_size=16 * 1024 * 1024
-    )
+    producer = settings.producer(acks="all", max_request_size=16 * 1024 * 1024)
     for partition, chunk in placed:
         segments = timeline_segments(chunk, reference.timelines, MAX_LEN)
         producer.send(

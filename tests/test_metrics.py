@@ -20,15 +20,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 import pytest
 import torch
 from prometheus_client.parser import text_string_to_metric_families
 
-from features.kafka import KafkaSettings
 from features.vocab import DOMAINS
-from pipelines.core.reference import ReferenceOutput
-from tests.test_daemon import PER_MESSAGE, messages, publish, tiny_reference
+from tests.example_feed import ExampleFeed, message_chunks
 from tests.test_daemon_faults import finish, start, wait_for
 from trainer.data.kafka_source import KafkaSource
 from trainer.metrics.progressive import ProgressiveMetrics
@@ -37,12 +34,6 @@ from trainer.metrics.reporting import Reporter, ThinnedHistory
 from trainer.training.step import EvalOutput
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
-
-
-@pytest.fixture
-def reference() -> ReferenceOutput:
-    """The tiny generated set of ``test_daemon``."""
-    return tiny_reference()
 
 
 def free_port() -> int:
@@ -198,16 +189,12 @@ def test_reporter_serves_counters_quality_and_checkpoint_age(tmp_path: Path) -> 
     assert "train/examples_per_second" in scalars
 
 
-def test_consumer_lag_per_partition_from_a_real_topic(
-    kafka_settings: KafkaSettings,
-    kafka_topic: Callable[[int], str],
-    reference: ReferenceOutput,
-) -> None:
-    topic = kafka_topic(2)
-    publish(kafka_settings, topic, messages(reference, 7), 2)  # 4 in p0, 3 in p1
+def test_consumer_lag_per_partition_from_a_real_topic(feed: ExampleFeed) -> None:
+    topic = feed.new_topic(2)
+    feed.publish(topic, feed.messages(7), 2)  # 4 in p0, 3 in p1
     ends = {0: 4, 1: 3}
     source = KafkaSource(
-        kafka_settings, topic, "g-lag", max_seq_len=4096, queue_size=2
+        feed.settings, topic, "g-lag", max_seq_len=4096, queue_size=2
     ).start()
     marked: dict[int, int] = {}
     try:
@@ -233,22 +220,19 @@ def test_consumer_lag_per_partition_from_a_real_topic(
 
 
 def test_daemon_metrics_over_http_across_a_checkpoint_and_a_restart(
-    kafka_settings: KafkaSettings,
-    kafka_topic: Callable[[int], str],
-    reference: ReferenceOutput,
-    tmp_path: Path,
+    feed: ExampleFeed, tmp_path: Path
 ) -> None:
-    topic = kafka_topic(2)
-    good = messages(reference, 7)
-    publish(kafka_settings, topic, [*good[:4], b"garbage"], 2)
+    topic = feed.new_topic(2)
+    good = feed.messages(7)
+    feed.publish(topic, [*good[:4], b"garbage"], 2)
     port = free_port()
     args = [
         "--topic", topic, "--group", "g-metrics",
         "--checkpoint-dir", str(tmp_path / "ckpt"),
-        "--kafka-bootstrap", str(kafka_settings.bootstrap),
-        "--kafka-option", f"session.timeout.ms={kafka_settings.session_timeout_ms}",
+        "--kafka-bootstrap", str(feed.settings.bootstrap),
+        "--kafka-option", f"session.timeout.ms={feed.settings.session_timeout_ms}",
         "--kafka-option",
-        f"heartbeat.interval.ms={kafka_settings.heartbeat_interval_ms}",
+        f"heartbeat.interval.ms={feed.settings.heartbeat_interval_ms}",
         "--checkpoint-every", "6", "--log-every", "1",
         "--prometheus-port", str(port), "--tensorboard", str(tmp_path / "tb"),
     ]  # fmt: skip
@@ -291,7 +275,7 @@ def test_daemon_metrics_over_http_across_a_checkpoint_and_a_restart(
 
         time.sleep(1.0)  # the age before the checkpoint is now at least this
         produced = time.monotonic()
-        publish(kafka_settings, topic, good[4:6], 2)  # steps 5, 6: a checkpoint
+        feed.publish(topic, good[4:6], 2)  # steps 5, 6: a checkpoint
         assert wait_for(
             lambda: scraped("checkpointed", lambda s: counted(s, 6, 1)), process, 60
         )
@@ -318,7 +302,7 @@ def test_daemon_metrics_over_http_across_a_checkpoint_and_a_restart(
         assert value(restarted, "gem_trainer_dead_letters_total") == 1
         assert value(restarted, "gem_trainer_last_checkpoint_step") == 6
 
-        publish(kafka_settings, topic, good[6:], 2)
+        feed.publish(topic, good[6:], 2)
         assert wait_for(
             lambda: scraped("more", lambda s: counted(s, 7, 1)), process, 60
         )
@@ -337,69 +321,13 @@ def test_daemon_metrics_over_http_across_a_checkpoint_and_a_restart(
     assert max(step for step, _ in scalars[quality[0]]) == 7
 
 
-def message_chunks(reference: ReferenceOutput, count: int) -> list[pa.Table]:
-    """The example rows of ``messages(reference, count)``, message by message."""
-    rows = reference.examples.num_rows
-    return [
-        reference.examples.slice((i * PER_MESSAGE) % (rows - PER_MESSAGE), PER_MESSAGE)
-        for i in range(count)
-    ]
-
-
-def initial_teacher(directory: Path) -> Path:
-    """A GEM teacher checkpoint: tiny preset, initial weights."""
-    from trainer.models.base_rate import BaseRateOffset, prior_logits
-    from trainer.models.config import tiny
-    from trainer.models.loss_wrapper import GEMTrain
-    from trainer.models.registry import build_model
-    from trainer.training.checkpoint import model_record, save_checkpoint
-
-    torch.manual_seed(0)
-    model = GEMTrain(BaseRateOffset(build_model("gem", "tiny"), prior_logits()))
-    return save_checkpoint(
-        directory,
-        {
-            "model": model.state_dict(),
-            "optimizer": {},
-            "step": 7,
-            "offsets": {},
-            **model_record("gem", "tiny", tiny()),
-            "trained_until_ms": 1_700_000_000_000,  # before every example
-        },
-    )
-
-
-def test_student_daemon_metrics_over_http(
-    kafka_settings: KafkaSettings,
-    kafka_topic: Callable[[int], str],
-    reference: ReferenceOutput,
-    tmp_path: Path,
-) -> None:
-    from trainer.distill.run_config import StudentDaemonConfig
+def test_student_daemon_metrics_over_http(feed: ExampleFeed, tmp_path: Path) -> None:
     from trainer.distill.student_daemon import run as run_student
-    from trainer.distill.teacher_topic import run_stream
 
-    examples_topic, teacher_topic = kafka_topic(2), kafka_topic(2)
-    publish(kafka_settings, examples_topic, messages(reference, 4), 2)
-    teacher = initial_teacher(tmp_path / "teacher")
-    run_stream(
-        kafka_settings,
-        examples_topic=examples_topic,
-        output_topic=teacher_topic,
-        group="teacher-job",
-        teacher_path=teacher,
-        checkpoint_dir=tmp_path / "teacher-job",
-        idle_seconds=1.0,
-        partitions=2,
-    )
+    stream = feed.teacher_stream(tmp_path, 4)
     port = free_port()
-    config = StudentDaemonConfig(
-        examples_topic=examples_topic,
-        teacher_topic=teacher_topic,
-        group="student",
-        domain="facebook",
-        teacher=teacher,
-        checkpoint_dir=tmp_path / "student",
+    config = stream.student(
+        tmp_path,
         idle_seconds=5.0,
         checkpoint_every=100,
         prometheus_port=port,
@@ -411,7 +339,7 @@ def test_student_daemon_metrics_over_http(
 
         def target() -> None:
             try:
-                outcome["result"] = run_student(config, kafka_settings)
+                outcome["result"] = run_student(config, feed.settings)
             except BaseException as error:
                 outcome["error"] = error
 
@@ -441,15 +369,15 @@ def test_student_daemon_metrics_over_http(
     facebook = DOMAINS.index("facebook") + 1
     expected = sum(
         chunk.column("domain").to_pylist().count(facebook)
-        for chunk in message_chunks(reference, 4)
+        for chunk in message_chunks(feed.reference, 4)
     )
     assert expected > 0
 
     def caught_up(samples: Samples) -> bool:
         return (
             value(samples, "gem_student_examples_total") == expected
-            and lag_of(samples, examples_topic) == {"0": 0.0, "1": 0.0}
-            and lag_of(samples, teacher_topic) == {"0": 0.0, "1": 0.0}
+            and lag_of(samples, stream.examples_topic) == {"0": 0.0, "1": 0.0}
+            and lag_of(samples, stream.teacher_topic) == {"0": 0.0, "1": 0.0}
         )
 
     first, during = run_and_scrape(caught_up)

@@ -1,7 +1,7 @@
 """Tests of the MovieLens conversion (:mod:`pipelines.sources.movielens`).
 
 The tests on real data read GroupLens files in place from the shared data
-folder (``../shared/data`` next to the repository, or ``$GEM_SHARED_DATA``) and
+folder (next to the repository, or ``$GEM_SHARED_DATA``) and
 skip when it is absent; the files are never copied into the repository. The
 tiny synthetic directories written under ``tmp_path`` test the same logic
 without them.

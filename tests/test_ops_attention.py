@@ -9,7 +9,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.test_ops_jagged import LONG, assert_same_with_grads, offsets_of, split
+from tests.test_ops_jagged import (
+    KERNELS,
+    LONG,
+    assert_same_with_grads,
+    offsets_of,
+    split,
+)
 from trainer.ops import (
     Kernel,
     jagged_cross_attention,
@@ -17,7 +23,6 @@ from trainer.ops import (
     jagged_self_attention,
 )
 
-KERNELS = [Kernel.PYTORCH, Kernel.FBGEMM]
 LENGTHS = st.lists(st.integers(0, 10), min_size=1, max_size=5)
 SETTINGS = settings(max_examples=15, deadline=None)
 

@@ -19,7 +19,8 @@ Conventions the READMEs follow (and the parser below holds them to):
 The clone is the tracked and untracked-not-ignored files (``git ls-files
 -co --exclude-standard``, so uncommitted work is tested too) copied into
 tmp_path, with ``.venv`` and ``.tools`` linked in (what ``make install``
-would have built) and ``../shared`` beside it for the MovieLens data. The
+would have built) and the shared data folder beside it for the MovieLens
+data. The
 only text the test changes is in :data:`SUBSTITUTIONS` (fixed ports become
 free ones on this shared machine).
 """
@@ -144,8 +145,8 @@ def substitutions() -> dict[str, str]:
 
 def fresh_clone(destination: Path) -> Path:
     """The working tree as a fresh clone plus ``make install`` would leave
-    it: the files git knows of, ``.venv`` and ``.tools`` linked, ``../shared``
-    beside it."""
+    it: the files git knows of, ``.venv`` and ``.tools`` linked, the shared
+    data folder beside it."""
     listed = subprocess.run(
         ["git", "ls-files", "-co", "--exclude-standard", "-z"],
         cwd=REPO_ROOT,

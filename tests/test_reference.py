@@ -73,36 +73,55 @@ class DataSet:
         )
 
 
-def _with_versions(
-    table: pa.Table, key: str, column: str, values: list[str]
+def with_versions(
+    table: pa.Table,
+    column: str,
+    values: tuple[str, ...],
+    *,
+    versioned: int,
+    moved: int,
+    mid: dt.datetime,
+    moved_at: dt.datetime,
 ) -> pa.Table:
-    """Give the first 30 entities a second version mid-period (``column``
-    changed) and move the next 10 entities' only version into the period, so
-    as-of joins have several answers and sometimes none."""
+    """A second version at ``mid`` (``column`` changed to the next of
+    ``values``) for the first ``versioned`` rows, and the next ``moved``
+    rows' only version moved to ``moved_at``, so as-of joins have several
+    answers and sometimes none (yet)."""
     rows = table.to_pylist()
-    mid = dt.datetime.combine(CONFIG.start, dt.time(), dt.UTC) + dt.timedelta(days=1.5)
     extra = []
     for i, row in enumerate(rows):
-        if i < 30:
+        if i < versioned:
             new = dict(row, updated_at=mid)
             new[column] = values[(values.index(row[column]) + 1) % len(values)]
             extra.append(new)
-        elif i < 40:
-            row["updated_at"] = mid - dt.timedelta(hours=20)
+        elif i < versioned + moved:
+            row["updated_at"] = moved_at
     return pa.Table.from_pylist(rows + extra, schema=table.schema)
+
+
+def _with_versions(table: pa.Table, column: str, values: tuple[str, ...]) -> pa.Table:
+    """30 entities with a second version mid-period, the next 10 with their
+    only version inside the period (see :func:`with_versions`)."""
+    mid = dt.datetime.combine(CONFIG.start, dt.time(), dt.UTC) + dt.timedelta(days=1.5)
+    return with_versions(
+        table,
+        column,
+        values,
+        versioned=30,
+        moved=10,
+        mid=mid,
+        moved_at=mid - dt.timedelta(hours=20),
+    )
 
 
 @pytest.fixture(scope="module")
 def data() -> DataSet:
     generated = generate(CONFIG)
     users = _with_versions(
-        users_table(generated.world.users), "user_id", "device", list(vocab.DEVICES)
+        users_table(generated.world.users), "device", tuple(vocab.DEVICES)
     )
     ads = _with_versions(
-        ads_table(generated.world.ads),
-        "ad_id",
-        "creative_category",
-        list(vocab.CATEGORIES),
+        ads_table(generated.world.ads), "creative_category", tuple(vocab.CATEGORIES)
     )
     return DataSet(
         events=generated.events,

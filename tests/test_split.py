@@ -4,15 +4,14 @@ train / validation / eval folders ``trainer.training.fit`` reads."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from pipelines import reference as reference_command
-from pipelines.sources.synthetic import GeneratorConfig, generate_dataset
+from benchmarks.generated import generated_features
+from pipelines.sources.synthetic import GeneratorConfig
+from tests.interpreter import run_python
 from trainer.data import split
 from trainer.data.feature_output import (
     ExampleDataset,
@@ -28,12 +27,8 @@ DAY_MS = 86_400_000
 def features(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A reference-job output of 4 generated days."""
     root = tmp_path_factory.mktemp("split")
-    generate_dataset(GeneratorConfig(users=200, ads=40, days=4, seed=3), root / "gen")
-    assert (
-        reference_command.main(
-            ["--input", str(root / "gen"), "--output", str(root / "f")]
-        )
-        == 0
+    generated_features(
+        GeneratorConfig(users=200, ads=40, days=4, seed=3), root / "gen", root / "f"
     )
     return root / "f"
 
@@ -174,11 +169,6 @@ def test_the_split_runs_without_torch(features: Path, tmp_path: Path) -> None:
     )
     argv = ["--input", str(features), "--train", str(tmp_path / "t")]
     argv += ["--eval", str(tmp_path / "e")]
-    done = subprocess.run(
-        [sys.executable, "-c", script, *argv],
-        cwd=Path(__file__).resolve().parents[1],
-        capture_output=True,
-        text=True,
-    )
+    done = run_python(script, *argv)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "[]"

@@ -24,24 +24,16 @@ import pyarrow.compute as pc
 import pytest
 from feast import FeatureStore
 
+from benchmarks.generated import generated_tables
 from features.deadletter import DeadLetter
 from features.example_messages import decode_example_message
 from features.kafka import KafkaSettings, topic_records
 from features.windows import attach_windows
 from pipelines import build
-from pipelines.core.reference import (
-    ReferenceOutput,
-    build_reference,
-    read_input,
-    write_output,
-)
+from pipelines.core.reference import ReferenceOutput, write_output
 from pipelines.feast import ops as feast_ops
 from pipelines.sources.event_stream import publish_events, publish_raw
-from pipelines.sources.synthetic import (
-    GeneratorConfig,
-    generate_dataset,
-    validation_now_ms,
-)
+from pipelines.sources.synthetic import GeneratorConfig, validation_now_ms
 
 pytestmark = pytest.mark.integration
 
@@ -114,8 +106,8 @@ def run(
     from features.kafka import ensure_topics
 
     root = tmp_path_factory.mktemp("stream")
-    generate_dataset(CONFIG, root / "gen")
-    events, users, ads, contents = read_input(root / "gen")
+    tables = generated_tables(CONFIG, root / "gen")
+    events = tables.events
     suffix = uuid.uuid4().hex[:8]
     events_topic, examples_topic = f"ev-{suffix}", f"ex-{suffix}"
     # One partition: the arrival order (hence what is late) is the test's.
@@ -131,7 +123,7 @@ def run(
 
     # The batch oracle on what should count, and a Feast repo on its tables.
     kept = pa.concat_tables([shared, allowed])
-    reference = build_reference(kept, users, ads, contents, now_ms=NOW)
+    reference = tables.reference(kept)
     features = root / "features"
     write_output(reference, features, now_ms=NOW)
     state = root / "feast"

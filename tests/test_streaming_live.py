@@ -23,15 +23,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
+from benchmarks.generated import generated_tables
 from features.example_messages import decode_example_message
 from features.kafka import KafkaSettings, ensure_topics, topic_records
-from pipelines.core.reference import build_reference, read_input
 from pipelines.sources.event_stream import publish_events, publish_raw
-from pipelines.sources.synthetic import (
-    GeneratorConfig,
-    generate_dataset,
-    validation_now_ms,
-)
+from pipelines.sources.synthetic import GeneratorConfig, validation_now_ms
 from tests.test_streaming_restart import _job
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -77,8 +73,8 @@ def test_the_first_burst_is_released_before_the_last_is_published(
     tmp_path: Path, kafka_settings: KafkaSettings
 ) -> None:
     data = tmp_path / "gen"
-    generate_dataset(CONFIG, data)
-    events, users, ads, contents = read_input(data)
+    tables = generated_tables(CONFIG, data)
+    events = tables.events
     bursts = _bursts(events)
     assert sum(b.num_rows for b in bursts) == events.num_rows
     second_starts = pc.min(bursts[1].column("event_time").cast(pa.int64())).as_py()
@@ -118,7 +114,7 @@ def test_the_first_burst_is_released_before_the_last_is_published(
     assert [json.loads(r.value)["payload"] for r in dead] == [GARBAGE.decode()]
 
     # In the end: every example of the batch reference, exactly once.
-    reference = build_reference(events, users, ads, contents, now_ms=NOW)
+    reference = tables.reference()
     final = _examples(kafka_settings, topics[1])
     assert final is not None
     ids = final.column("example_id").to_pylist()

@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 import pytest
 from feast import FeatureStore
 
+from benchmarks.bench_feast import REDIS
 from features.feature_tables import EVENT_TIMESTAMP, FEATURE_TABLES
 from pipelines.feast import ops as feast_ops
 from pipelines.streaming.feast_push import (
@@ -28,7 +29,7 @@ from pipelines.streaming.feast_push import (
     newest_per_entity,
 )
 from pipelines.streaming.tables import state_bytes
-from tests.test_feast_prod import REDIS, needs_redis, redis_hashes
+from tests.test_feast_prod import needs_redis, redis_hashes
 from tests.test_feast_store import FeatureJob, make_feature_job, plain
 
 pytestmark = pytest.mark.integration

@@ -20,7 +20,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -29,16 +28,13 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
+from benchmarks.generated import generated_tables
+from demos.stream.processes import streaming_job_command
 from features.example_messages import decode_example_message
 from features.kafka import KafkaSettings, ensure_topics
 from launchers.kafka_broker import EmbeddedKafka
-from pipelines.core.reference import build_reference, read_input
 from pipelines.sources.event_stream import PublishReport, publish_events
-from pipelines.sources.synthetic import (
-    GeneratorConfig,
-    generate_dataset,
-    validation_now_ms,
-)
+from pipelines.sources.synthetic import GeneratorConfig, validation_now_ms
 from tests.test_streaming_job import read_topic
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -59,23 +55,16 @@ def _job(
     granularity_ms: int = 3_600_000,
     now_ms: int = NOW,
 ) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "pipelines.build",
-        "--streaming",
-        "--runner=DirectRunner",
-        f"--input={data}",
-        f"--output={out}",
-        f"--kafka-bootstrap={settings.bootstrap}",
-        f"--events-topic={topics[0]}",
-        f"--examples-topic={topics[1]}",
-        f"--shards={SHARDS}",
-        "--entity-shards=2",
-        f"--release-granularity-ms={granularity_ms}",
-        f"--stream-idle-seconds={idle_seconds}",
-        f"--now-ms={now_ms}",
-    ]
+    return streaming_job_command(
+        settings,
+        data,
+        out,
+        topics=topics,
+        now_ms=now_ms,
+        shards=SHARDS,
+        idle_seconds=idle_seconds,
+        granularity_ms=granularity_ms,
+    )
 
 
 def _example_ids(settings: KafkaSettings, topic: str) -> list[str]:
@@ -87,10 +76,12 @@ def _example_ids(settings: KafkaSettings, topic: str) -> list[str]:
     return ids
 
 
-def _expected_ids(events: pa.Table, data: Path) -> set[str]:
-    _, users, ads, contents = read_input(data)
-    reference = build_reference(events, users, ads, contents, now_ms=NOW)
-    return set(reference.examples.column("example_id").to_pylist())
+def _generated(data: Path) -> tuple[pa.Table, set[str]]:
+    """CONFIG's world written to ``data``: its events, and the ids of the
+    batch reference job's examples of them."""
+    tables = generated_tables(CONFIG, data)
+    reference = tables.reference()
+    return tables.events, set(reference.examples.column("example_id").to_pylist())
 
 
 def _freeze_at_first_example(
@@ -103,11 +94,9 @@ def _freeze_at_first_example(
     freezing it there puts the SIGKILL that follows in the middle of the
     publishing, with some examples acknowledged and others not.
     """
-    from kafka import KafkaConsumer, TopicPartition
+    from kafka import TopicPartition
 
-    consumer = KafkaConsumer(
-        **settings.client_config(), enable_auto_commit=False, fetch_max_wait_ms=20
-    )
+    consumer = settings.consumer(enable_auto_commit=False, fetch_max_wait_ms=20)
     try:
         tps = [TopicPartition(topic, p) for p in range(SHARDS)]
         consumer.assign(tps)
@@ -126,9 +115,7 @@ def test_sigkill_mid_publish_and_restart_lose_nothing_and_duplicate_nothing(
     tmp_path: Path, kafka_settings: KafkaSettings
 ) -> None:
     data = tmp_path / "gen"
-    generate_dataset(CONFIG, data)
-    events = read_input(data)[0]
-    expected = _expected_ids(events, data)
+    events, expected = _generated(data)
     suffix = uuid.uuid4().hex[:8]
     topics = (f"ev-{suffix}", f"ex-{suffix}")
     ensure_topics(kafka_settings, {topics[0]: 2, topics[1]: SHARDS})
@@ -189,9 +176,7 @@ def test_broker_crash_is_waited_out_and_nothing_is_lost(tmp_path: Path) -> None:
     crash lands while the job is reading and the producer is sending.
     """
     data = tmp_path / "gen"
-    generate_dataset(CONFIG, data)
-    events = read_input(data)[0]
-    expected = _expected_ids(events, data)
+    events, expected = _generated(data)
     topics = ("events", "examples")
     with EmbeddedKafka(home=tmp_path / "kafka") as broker:
         settings = broker.settings

@@ -14,13 +14,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from benchmarks.generated import GeneratedTables, generated_tables
 from pipelines.core.counters import ENTITY_KINDS
-from pipelines.core.reference import build_reference, read_input
-from pipelines.sources.synthetic import (
-    GeneratorConfig,
-    generate_dataset,
-    validation_now_ms,
-)
+from pipelines.sources.synthetic import GeneratorConfig
 from pipelines.streaming.config import DAY_MS, StreamConfig
 from pipelines.streaming.entity_state import answer_entity_shard, entity_rows
 from pipelines.streaming.tables import (
@@ -41,11 +37,8 @@ STREAM = StreamConfig(
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory: pytest.TempPathFactory) -> tuple[pa.Table, Dimensions]:
-    root = tmp_path_factory.mktemp("world")
-    generate_dataset(CONFIG, root)
-    events, users, ads, contents = read_input(root)
-    return events, Dimensions(users, ads, contents)
+def world(tmp_path_factory: pytest.TempPathFactory) -> GeneratedTables:
+    return generated_tables(CONFIG, tmp_path_factory.mktemp("world"))
 
 
 # The stages compact their state only now and then (``due_for_compaction``):
@@ -53,12 +46,10 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> tuple[pa.Table, Dimension
 # included, must release the same examples.
 @pytest.mark.parametrize("compact_every", [1, 3])
 def test_daily_releases_with_eviction_equal_the_batch_job(
-    world: tuple[pa.Table, Dimensions], compact_every: int
+    world: GeneratedTables, compact_every: int
 ) -> None:
-    events, dims = world
-    reference = build_reference(
-        events, dims.users, dims.ads, dims.contents, now_ms=validation_now_ms(CONFIG)
-    )
+    events, dims = world.events, Dimensions(world.users, world.ads, world.contents)
+    reference = world.reference()
     stream = events.append_column(
         "published_ms", pa.array(np.zeros(events.num_rows, np.int64))
     ).cast(STREAM_EVENT_SCHEMA)

@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from pipelines import reference as reference_command
-from pipelines.sources.synthetic import GeneratorConfig, generate_dataset
+from benchmarks.generated import generated_features
+from pipelines.sources.synthetic import GeneratorConfig
+from tests.interpreter import run_python
 from trainer import daemon as daemon_command
 from trainer import fit as fit_command
 from trainer.cli import config_fields
@@ -130,9 +129,7 @@ def test_daemon_without_a_cluster_says_so_before_loading_torch() -> None:
         "code = main(['--topic', 't', '--checkpoint-dir', 'c'])\n"
         "print(code, 'torch' in sys.modules)\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True
-    )
+    done = run_python(script)
     assert done.stdout.split() == ["2", "False"], done.stderr
     (line,) = done.stderr.strip().splitlines()
     assert line.startswith("python -m trainer.daemon: error: no Kafka cluster named")
@@ -146,12 +143,8 @@ def test_daemon_without_a_cluster_says_so_before_loading_torch() -> None:
 def periods(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """train / validation / eval folders cut by ``python -m trainer.data.split``."""
     root = tmp_path_factory.mktemp("trainer-cli")
-    generate_dataset(GeneratorConfig(users=300, ads=60, days=3, seed=7), root / "gen")
-    assert (
-        reference_command.main(
-            ["--input", str(root / "gen"), "--output", str(root / "f")]
-        )
-        == 0
+    generated_features(
+        GeneratorConfig(users=300, ads=60, days=3, seed=7), root / "gen", root / "f"
     )
     dirs = {name: root / name for name in ("train", "validation", "eval")}
     argv = ["--input", str(root / "f")]
