@@ -13,13 +13,13 @@ torchrec to import), :mod:`benchmarks.bench_gpu` times the real models
 instead. Without them the real model (:class:`trainer.models.gem.GEM`) cannot
 run: its input adapter is TorchRec's ``EmbeddingBagCollection`` /
 ``EmbeddingCollection`` over ``KeyedJaggedTensor`` batches, and
-:mod:`trainer.modules.embeddings` (which also holds the ``mlp`` and
-``JaggedTokens`` helpers the trunk imports) imports torchrec at module level.
+:mod:`trainer.modules.embeddings` (which also holds ``TARGET_FEATURES`` and
+``capped_size``, which this script reads) imports torchrec at module level.
 So this script:
 
 - never imports torchrec: it registers inert placeholder modules under the
   ``torchrec`` names *only so that* ``trainer.modules.embeddings`` can be
-  imported for ``mlp`` / ``JaggedTokens`` (nothing of TorchRec is ever
+  imported for those two names (nothing of TorchRec is ever
   instantiated or called);
 - runs the **real** trunk modules: :class:`PyramidEncoder` (jagged, pure
   PyTorch ops of :mod:`trainer.ops`, ``Kernel.PYTORCH``), :class:`InterFormer`

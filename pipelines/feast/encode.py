@@ -7,7 +7,7 @@ time. This module writes the protobuf wire format of whole columns with numpy
 and pyarrow instead, producing exactly the bytes of
 ``ValueProto.SerializeToString()`` (and of ``serialize_entity_key``), so the
 online stores' tables and hashes hold what Feast's own path writes and
-``get_online_features`` reads them unchanged. ``tests/test_feast_encode.py``
+``get_online_features`` reads them as its own. ``tests/test_feast_encode.py``
 holds every supported type to Feast's converter byte for byte.
 
 Covered without Python objects per value: int64 / int32 / float / double /

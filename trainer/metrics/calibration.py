@@ -7,7 +7,7 @@ The usual fix, and the one here, is to re-fit each task's output bias on the
 most recent labelled period before serving: a shift ``δ`` per (domain,
 objective) such that the validation period's predicted positives equal its
 observed ones, ``Σ σ(z + δ) = Σ y``. It changes no ranking within a task
-(AUC unchanged); it moves NE only through calibration.
+(AUC stays as it is); it moves NE only through calibration.
 """
 
 from __future__ import annotations
