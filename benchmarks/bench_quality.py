@@ -140,9 +140,6 @@ MATCH_SHARE = "gem_match_share"
 # GEM whose target-aware attention weighs events pointwise, not by a softmax
 # (PyramidConfig.target_weights), experimental.
 POINTWISE_TARGET = "gem_pointwise_target"
-# GEM whose sequence summary reads the pyramid's summary tokens out
-# (InterFormerConfig.read_prefix), experimental.
-READ_PREFIX = "gem_read_prefix"
 # GEM whose pyramid hands InterFormer the newest 32 first-level tokens beside
 # the top level's (PyramidConfig.recent_tokens), experimental.
 PYRAMID_RECENT = "gem_pyramid_recent"
@@ -173,12 +170,6 @@ def _untargeted(cfg: ModelConfig, interleave: bool) -> ModelConfig:
     )
 
 
-def _interformer(cfg: ModelConfig, **changes: Any) -> ModelConfig:
-    return dataclasses.replace(
-        cfg, interformer=dataclasses.replace(cfg.interformer, **changes)
-    )
-
-
 # GEM variants trained only when asked for: config changes.
 GEM_VARIANTS: dict[str, Callable[[ModelConfig], ModelConfig]] = {
     NO_TARGET_MATCH: lambda c: _embedding(c, target_match=False),
@@ -186,7 +177,6 @@ GEM_VARIANTS: dict[str, Callable[[ModelConfig], ModelConfig]] = {
     POINTWISE_TARGET: lambda c: dataclasses.replace(
         c, pyramid=dataclasses.replace(c.pyramid, target_weights="pointwise")
     ),
-    READ_PREFIX: lambda c: _interformer(c, read_prefix=True),
     JOINT_MATCH: lambda c: _embedding(c, target_match_shared=False),
     PYRAMID_RECENT: lambda c: dataclasses.replace(
         c, pyramid=dataclasses.replace(c.pyramid, recent_tokens=32)
@@ -195,7 +185,7 @@ GEM_VARIANTS: dict[str, Callable[[ModelConfig], ModelConfig]] = {
     UNTARGETED_SEP: lambda c: _untargeted(c, interleave=False),
 }
 # Variants every other model is also bootstrapped against.
-EXPERIMENTAL = (MATCH_SHARE, POINTWISE_TARGET, READ_PREFIX, PYRAMID_RECENT)
+EXPERIMENTAL = (MATCH_SHARE, POINTWISE_TARGET, PYRAMID_RECENT)
 # Besides GEM, the models every other one is bootstrapped against (when run):
 # the experimental variants, and the "sep" ablation.
 REFERENCES = (*EXPERIMENTAL, "gem_no_interleave")

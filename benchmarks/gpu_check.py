@@ -134,7 +134,7 @@ class PlainGEM(nn.Module):
         self.target = nn.Linear(len(TARGET_FEATURES) * dim, dim)
         self.pyramid = PyramidEncoder(dim, config.pyramid, Kernel.PYTORCH)
         num_tokens = emb.num_dense_tokens + len(SPARSE_FEATURES)
-        self.trunk = InterFormer(num_tokens, self.pyramid.num_summary_tokens, config)
+        self.trunk = InterFormer(num_tokens, config)
         self.heads = MultiDomainHeads(self.trunk.num_out_tokens * dim, config.heads)
         self.dim = dim
 

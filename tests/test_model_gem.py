@@ -90,7 +90,7 @@ def test_an_example_is_independent_of_its_batch_mates(
 
 def test_padding_inside_ops_never_changes_outputs() -> None:
     torch.manual_seed(0)
-    trunk = InterFormer(5, 2, tiny()).eval()
+    trunk = InterFormer(5, tiny()).eval()
     values, offsets = torch.randn(7, 8), torch.tensor([0, 0, 7, 7])
     args = (torch.randn(3, 5, 8), torch.randn(3, 2, 8))
     tight = trunk(args[0], JaggedTokens(values, offsets, 7), args[1])

@@ -166,28 +166,13 @@ CASES: dict[str, tuple[Callable[[], nn.Module], Callable[[], tuple[Any, ...]], A
         (L, D),
     ),
     "InterFormer": (
-        lambda: InterFormer(5, 2, CFG),
+        lambda: InterFormer(5, CFG),
         lambda: (
             torch.randn(B, 5, D),
             JaggedTokens(seq(), OFFSETS, 9),
             torch.randn(B, 2, D),
         ),
         (B, 12, D),
-    ),
-    "InterFormer reading the prefix out": (
-        lambda: InterFormer(
-            5,
-            2,
-            dataclasses.replace(
-                CFG, interformer=dataclasses.replace(CFG.interformer, read_prefix=True)
-            ),
-        ),
-        lambda: (
-            torch.randn(B, 5, D),
-            JaggedTokens(seq(), OFFSETS, 9),
-            torch.randn(B, 2, D),
-        ),
-        (B, 12 + 2, D),
     ),
     "MultiDomainHeads": (
         lambda: MultiDomainHeads(16, HeadsConfig()),
@@ -362,27 +347,6 @@ def test_pointwise_target_attention_keeps_how_many_events_match() -> None:
     torch.testing.assert_close(pointwise[:, 0, 0], share)
     with pytest.raises(ValueError, match="softmax or pointwise"):
         TargetAwareAttention(2, 1, weights="sigmoid")  # type: ignore[arg-type]
-
-
-def test_read_prefix_hands_the_prefix_tokens_to_the_interaction_arch() -> None:
-    cfg = dataclasses.replace(
-        CFG, interformer=dataclasses.replace(CFG.interformer, num_layers=1)
-    )
-    reading = dataclasses.replace(
-        cfg, interformer=dataclasses.replace(cfg.interformer, read_prefix=True)
-    )
-    seen: dict[bool, int] = {}
-    for read, config in ((False, cfg), (True, reading)):
-        trunk = InterFormer(5, 3, config)
-        trunk.interaction[0].register_forward_hook(
-            lambda _m, args, _out, read=read: seen.__setitem__(read, args[0].shape[1])
-        )
-        trunk(
-            torch.randn(B, 5, D), JaggedTokens(seq(), OFFSETS, 9), torch.randn(B, 3, D)
-        )
-    # The first Wukong stack sees the 3 prefix tokens besides the 5 inputs,
-    # CLS, PMA and recent tokens.
-    assert seen[True] == seen[False] + 3
 
 
 def test_pyramid_recent_tokens_follow_the_top_level() -> None:

@@ -137,10 +137,6 @@ class InterFormerConfig:
             paper's ``sep`` ablation: no CLS prefix, no S_sum into the
             interaction arch, a plain FFN instead of the PFFN.
         no_pyramid_max_len: raw tokens InterFormer sees when the pyramid is off.
-        read_prefix: the sequence summary also reads out the pyramid's summary
-            tokens (they sit behind the CLS tokens), so they reach the
-            interaction arch and the heads in every layer directly, not only
-            through the sequence arch's attention.
     """
 
     num_layers: int = 1
@@ -150,7 +146,6 @@ class InterFormerConfig:
     num_recent: int = 2
     interleave: bool = True
     no_pyramid_max_len: int = 64
-    read_prefix: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -346,7 +341,12 @@ def config_to_dict(config: ModelConfig) -> dict[str, Any]:
 # Fields a checkpoint's config may hold that no model here has: at these
 # values they select nothing, so they are dropped on load.
 INERT_FIELDS: Final[dict[str, dict[str, Any]]] = {
-    "interformer": {"token_ffn": False, "quiet_pffn": False, "quiet_s_sum": False},
+    "interformer": {
+        "token_ffn": False,
+        "quiet_pffn": False,
+        "quiet_s_sum": False,
+        "read_prefix": False,
+    },
 }
 
 

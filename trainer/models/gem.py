@@ -51,8 +51,7 @@ class GEM(nn.Module):
             PyramidEncoder(dim, config.pyramid, config.kernel) if use_pyramid else None
         )
         self.no_pyramid_max_len = config.interformer.no_pyramid_max_len
-        num_prefix = self.pyramid.num_summary_tokens if self.pyramid is not None else 0
-        self.trunk = InterFormer(self.inputs.num_tokens, num_prefix, config)
+        self.trunk = InterFormer(self.inputs.num_tokens, config)
         self.heads = MultiDomainHeads(self.trunk.num_out_tokens * dim, config.heads)
 
     def forward(self, batch: Batch) -> torch.Tensor:

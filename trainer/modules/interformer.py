@@ -104,9 +104,8 @@ class SequenceSummary(nn.Module):
     Args:
         dim: token width ``D``.
         config: ``num_cls``, ``num_pma``, ``num_recent``, ``num_heads``.
-        num_front: leading tokens read out as they are: the CLS tokens when
-            they were prepended (interleaving), plus the pyramid's summary
-            tokens behind them with ``read_prefix``; ``None``: ``num_cls``.
+        num_front: leading tokens read out as they are (the CLS tokens when
+            they were prepended, with interleaving); ``None``: ``num_cls``.
         kernel: jagged-op implementation.
 
     Shapes: jagged (L, D) → (B, num_front + n_pma + n_recent, D). Sequences
@@ -201,8 +200,6 @@ class InterFormer(nn.Module):
 
     Args:
         num_tokens: non-sequence input tokens ``n`` (dense + sparse).
-        num_prefix: dense summary tokens put in front of the events (pyramid
-            summaries); 0 for none.
         config: the model config (``embedding.dim``, ``wukong``,
             ``interformer``, ``use_sequences``, ``kernel``).
 
@@ -213,22 +210,20 @@ class InterFormer(nn.Module):
     Example:
         >>> from trainer.models.config import tiny
         >>> from trainer.ops import JaggedTokens
-        >>> trunk = InterFormer(5, 0, tiny())
+        >>> trunk = InterFormer(5, tiny())
         >>> seq = JaggedTokens(torch.randn(3, 8), torch.tensor([0, 3, 3]), 3)
         >>> trunk(torch.randn(2, 5, 8), seq).shape
         torch.Size([2, 12, 8])
     """
 
-    def __init__(self, num_tokens: int, num_prefix: int, config: ModelConfig) -> None:
+    def __init__(self, num_tokens: int, config: ModelConfig) -> None:
         super().__init__()
         dim, icfg, kernel = config.embedding.dim, config.interformer, config.kernel
         self.interleave = icfg.interleave and config.use_sequences
         n_x = config.wukong.num_fm_tokens + config.wukong.num_lc_tokens
         inputs = [num_tokens] + [n_x] * icfg.num_layers
         # Tokens in front of the events that the sequence summary reads out.
-        num_front = (icfg.num_cls if self.interleave else 0) + (
-            num_prefix if icfg.read_prefix else 0
-        )
+        num_front = icfg.num_cls if self.interleave else 0
         n_s_sum = num_front + icfg.num_pma + icfg.num_recent
         extra = n_s_sum if self.interleave else 0
         self.interaction = nn.ModuleList(
