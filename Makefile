@@ -26,7 +26,7 @@ prism: $(PRISM)
 kafka: $(KAFKA_STAMP)
 
 # Built from the Go module proxy (GitHub, where Beam would download it from,
-# is out of reach); pipelines.batch.runner points Beam at it.
+# is out of reach); pipelines.beam.runner points Beam at it.
 $(PRISM): requirements/lock.txt
 	mkdir -p $(TOOLS)/bin
 	GOBIN=$(abspath $(TOOLS)/bin) GOFLAGS=-buildvcs=false \

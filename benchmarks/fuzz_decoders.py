@@ -28,7 +28,7 @@ jsonl_batch              ``pipelines.batch.validate.ValidateEventsFn.compute``
                          payloads): counts balance, every dead-letter line is
                          strict JSON that UTF-8 can encode
 parquet_file             the batch job's reader of one Parquet events file
-                         (``pipelines.batch.io.ReadEventFileFn``) whose columns
+                         (``pipelines.batch.inputs.ReadEventFileFn``) whose columns
                          have the contract's types or foreign ones (uint64
                          ids, float ids, naive or nanosecond times, binary or
                          dictionary strings), written on tmpfs, then
@@ -747,7 +747,7 @@ def make_parquet_file(seeds: list[bytes]) -> Check:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from pipelines.batch.io import ReadEventFileFn
+    from pipelines.batch.inputs import ReadEventFileFn
     from pipelines.batch.validate import ValidateEventsFn
     from pipelines.core.event_files import InputFileError
 

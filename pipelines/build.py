@@ -30,8 +30,8 @@ from features.cli import (
     no_broker,
     run_command,
 )
-from pipelines.batch.beam_flags import add_beam_arguments
-from pipelines.batch.flags import add_build_arguments
+from pipelines.beam.beam_flags import add_beam_arguments
+from pipelines.beam.flags import add_build_arguments
 from pipelines.streaming.flags import add_streaming_arguments
 
 MODULE = "pipelines.build"
@@ -41,7 +41,7 @@ _OWN_FLAGS = ("--log-level",)
 
 def build_parser() -> CommandParser:
     """Every flag of the command: the job's (batch and ``--streaming``) and
-    Beam's pipeline options (from a cache, :mod:`pipelines.batch.beam_flags`:
+    Beam's pipeline options (from a cache, :mod:`pipelines.beam.beam_flags`:
     Beam itself is not imported), so a misspelled one of either is an error
     naming the closest."""
     parser = CommandParser(

@@ -4,6 +4,8 @@
   Feast, so every process can load it cheaply.
 - ``pipelines/`` and ``trainer/`` never import or start each other; both stand
   on ``features/``. Only ``demos/`` knows both wings, and nothing imports it.
+- The batch and streaming jobs share ``pipelines.beam`` and ``pipelines.core``
+  but not each other's stages; ``pipelines.core`` imports no Beam.
 - No import circles between the project's modules.
 - A module stays under :data:`MAX_MODULE_LINES` lines and a function under
   :data:`MAX_FUNCTION_LINES`, outside tests and benchmarks: past that, a
@@ -202,15 +204,29 @@ def test_features_imports_no_heavy_frameworks() -> None:
 
 
 @pytest.mark.parametrize(
-    ("package", "forbidden"), [("pipelines", "trainer"), ("trainer", "pipelines")]
+    ("package", "forbidden"),
+    [
+        ("pipelines", "trainer"),
+        ("trainer", "pipelines"),
+        # The two Beam jobs share pipelines.beam and pipelines.core, not
+        # each other's stages; the kernels run without Beam.
+        ("pipelines/batch", "pipelines.streaming"),
+        ("pipelines/streaming", "pipelines.batch"),
+        ("pipelines/core", "apache_beam"),
+        ("pipelines/core", "pipelines.batch"),
+        ("pipelines/core", "pipelines.streaming"),
+    ],
 )
-def test_pipelines_and_trainer_do_not_import_each_other(
+def test_packages_do_not_import_what_they_stand_beside(
     package: str, forbidden: str
 ) -> None:
     offenders = {
         str(path.relative_to(ROOT))
         for path in (ROOT / package).rglob("*.py")
-        if any(name.split(".")[0] == forbidden for name in _imports(path))
+        if any(
+            name == forbidden or name.startswith(forbidden + ".")
+            for name in _imports(path)
+        )
     }
     assert not offenders
 

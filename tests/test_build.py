@@ -33,13 +33,13 @@ from features.feature_tables import COUNT_NAMES, FEATURE_TABLES, LAYOUT_VERSION
 from features.kafka import KafkaSettings
 from features.windows import attach_windows
 from pipelines import build
-from pipelines.batch.io import InputFileError
-from pipelines.batch.runner import (
+from pipelines.beam.runner import (
     prepare_runner,
     prism_binary,
     runner_name,
     use_local_prism,
 )
+from pipelines.core.event_files import InputFileError
 from pipelines.core.reference import (
     ReferenceOutput,
     build_reference,
@@ -192,7 +192,7 @@ def test_a_missing_prism_binary_is_said(
 ) -> None:
     monkeypatch.setenv("GEM_PRISM", "/nonexistent/prism")
     options = PipelineOptions(["--runner=DirectRunner"])
-    with caplog.at_level(logging.WARNING, logger="pipelines.batch.runner"):
+    with caplog.at_level(logging.WARNING, logger="pipelines.beam.runner"):
         use_local_prism(options)
     assert options.view_as(PrismRunnerOptions).prism_location is None
     assert "no Prism binary at /nonexistent/prism (run `make prism`)" in caplog.text

@@ -18,10 +18,8 @@ import pytest
 from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentParser
 from apache_beam.runners.runner import PipelineState
 
-from pipelines.batch import beam_flags
-from pipelines.batch.io import ReadEvents, find_event_files
+from pipelines.batch.inputs import ReadEvents, find_event_files
 from pipelines.batch.progress import files_read, follow
-from pipelines.batch.runner import use_local_prism
 from pipelines.batch.tuning import (
     ONE_PROCESS,
     SHARED_MACHINE,
@@ -31,6 +29,8 @@ from pipelines.batch.tuning import (
     tuning_for,
 )
 from pipelines.batch.validate import ValidateEvents
+from pipelines.beam import beam_flags
+from pipelines.beam.runner import use_local_prism
 from pipelines.build import beam_argv, build_parser
 from pipelines.generate import EVENT_FORMATS
 from pipelines.sources.synthetic import GeneratorConfig, generate_dataset

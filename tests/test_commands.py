@@ -21,7 +21,7 @@ from tests.interpreter import run_python
 ROOT = Path(__file__).resolve().parents[1]
 HEAVY = ("torch", "torchrec", "fbgemm_gpu", "feast", "pandas", "pyarrow")
 # Beam jobs list Beam's own options too, from a cache of Beam's table
-# (pipelines.batch.beam_flags): Beam itself stays out of their --help.
+# (pipelines.beam.beam_flags): Beam itself stays out of their --help.
 BEAM_JOBS = {"pipelines.build"}
 
 # Every command that talks to Kafka (features.kafka.add_kafka_arguments).

@@ -22,7 +22,7 @@ import pytest
 from benchmarks.fuzz_decoders import FUZZ_NOW_MS, Check, load_check
 from features.event_table import validate_event_table
 from features.events import EVENT_SCHEMA, events_from_records, validate_event
-from pipelines.batch.io import ReadEventFileFn
+from pipelines.batch.inputs import ReadEventFileFn
 from pipelines.batch.validate import RawEvents, ValidateEventsFn
 from trainer.distill.records import (
     decode_teacher_message,

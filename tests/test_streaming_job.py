@@ -292,7 +292,7 @@ def test_a_directrunner_stream_runs_on_the_local_prism() -> None:
         StandardOptions,
     )
 
-    from pipelines.batch.runner import prism_binary, prism_location
+    from pipelines.beam.runner import prism_binary, prism_location
     from pipelines.streaming.job import choose_streaming_runner
 
     options = PipelineOptions(["--runner=DirectRunner"])

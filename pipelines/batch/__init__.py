@@ -1,24 +1,20 @@
 """The Beam feature job's stages (``python -m pipelines.build`` wires them).
 
 One module per job, each stage a composite ``PTransform`` named for what it
-produces:
+produces (the flags, options, runner and file locations it shares with
+the streaming job are :mod:`pipelines.beam`):
 
 - :mod:`~pipelines.batch.job`: the batch job's pipeline (``run_batch``),
   its outputs cleared and its summary written through Beam's filesystems;
-- :mod:`~pipelines.batch.flags`: the batch job's flags (no Beam import: the
-  command line checks them before Beam loads);
-  :mod:`~pipelines.batch.beam_flags`: the table of Beam's own options, cached
-  per Beam version, for the same check;
-- :mod:`~pipelines.batch.options`: ``GemBuildOptions`` (those flags as Beam
-  pipeline options);
 - :mod:`~pipelines.batch.tuning`: ``--worker-threads`` / ``--tune-allocator``
   resolved for the runner, and ``TunedDoFn``, the base of the DoFns that
   follow them;
 - :mod:`~pipelines.batch.progress`: the terminal's bar of event files read;
-- :mod:`~pipelines.batch.io`: ``ReadEvents``, ``ReadDimensions`` (and
-  ``ReadDimension``), ``WriteExamples``, ``WriteTimelines``,
-  ``WriteFeatureTables``, ``WriteDeadLetters``, the early input checks, and
-  the writer-thread base of the DoFns that write files;
+- :mod:`~pipelines.batch.inputs`: ``ReadEvents``, ``ReadDimensions`` (and
+  ``ReadDimension``) and the early input checks;
+- :mod:`~pipelines.batch.outputs`: ``WriteExamples``, ``WriteTimelines``,
+  ``WriteFeatureTables``, ``WriteDeadLetters`` and the writer-thread base of
+  the DoFns that write files;
 - :mod:`~pipelines.batch.validate`: ``ValidateEvents`` (dead letters as a
   tagged output);
 - :mod:`~pipelines.batch.timelines`: ``DedupeEvents``, ``BuildTimelines``,

@@ -20,7 +20,7 @@ may be ``gs://...`` on Dataflow); the Kafka I/O is kafka-python inside DoFns
 (Beam's cross-language Kafka transforms need a Java expansion service).
 Locally, ``--runner=DirectRunner`` runs the job on Prism (built by ``make
 prism``) and no ``--runner`` on the faster in-process FnApiRunner
-(:mod:`pipelines.batch.runner`); ``summary.json`` names the runner that ran.
+(:mod:`pipelines.beam.runner`); ``summary.json`` names the runner that ran.
 """
 
 from __future__ import annotations
@@ -36,15 +36,16 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from features.events import now_ms
 from features.feature_tables import COUNT_NAMES, FEATURE_TABLES, LAYOUT_VERSION
 from features.memory import reuse_freed_memory
-from pipelines.batch import io
+from pipelines.batch import inputs, outputs
 from pipelines.batch.counters import EXAMPLE_COUNTERS, FEATURE_ROWS, CountEngagement
 from pipelines.batch.examples import BuildExamples, BuildProfiles
-from pipelines.batch.options import GemBuildOptions, kafka_settings
 from pipelines.batch.progress import follow
-from pipelines.batch.runner import job_counters, prepare_runner, runner_that_ran
 from pipelines.batch.timelines import BuildTimelines, DedupeEvents, WriteUserSequences
 from pipelines.batch.tuning import pipeline_tuning
 from pipelines.batch.validate import METRICS_NAMESPACE, ValidateEvents
+from pipelines.beam.files import input_location, output_location
+from pipelines.beam.options import GemBuildOptions, kafka_settings
+from pipelines.beam.runner import job_counters, prepare_runner, runner_that_ran
 from pipelines.core.event_files import InputFileError
 
 OUTPUT_DIRS = ("examples", "timelines", "feature_tables", "dead_letters")
@@ -69,8 +70,8 @@ def run_batch(pipeline_options: PipelineOptions) -> dict[str, Any]:
         )
     # Check inputs before building the graph: a clear error naming the file
     # beats a runner stack trace.
-    files = io.check_inputs(options.input, events_required=not options.events_topic)
-    output = io.output_location(options.output)
+    files = inputs.check_inputs(options.input, events_required=not options.events_topic)
+    output = output_location(options.output)
     clear_outputs(output)
     # One validation clock for the whole run, recorded in the summary; the
     # same rule as pipelines.core.reference (flag, else the generator manifest's
@@ -118,10 +119,10 @@ def _add_stages(
     """The job's stages (see the module docstring), reading ``files`` (and
     ``--events-topic``) and writing under ``output``."""
     shards = options.shards
-    dimensions = pipeline | "ReadDimensions" >> io.ReadDimensions(options.input)
+    dimensions = pipeline | "ReadDimensions" >> inputs.ReadDimensions(options.input)
     users, ads, contents = dimensions.users, dimensions.ads, dimensions.contents
 
-    raw = [pipeline | "ReadEvents" >> io.ReadEvents(files)]
+    raw = [pipeline | "ReadEvents" >> inputs.ReadEvents(files)]
     if options.events_topic:
         from pipelines.batch.kafka_io import ReadKafkaEvents
 
@@ -137,7 +138,7 @@ def _add_stages(
     validated = (
         tuple(raw) | "AllRawEvents" >> beam.Flatten()
     ) | "ValidateEvents" >> ValidateEvents(now)
-    _ = validated.dead_letters | "WriteDeadLetters" >> io.WriteDeadLetters(output)
+    _ = validated.dead_letters | "WriteDeadLetters" >> outputs.WriteDeadLetters(output)
 
     events = validated.valid | "DedupeEvents" >> DedupeEvents(shards)
     timelines = events | "BuildTimelines" >> BuildTimelines(ads, contents)
@@ -145,12 +146,12 @@ def _add_stages(
     examples = events | "BuildExamples" >> BuildExamples(
         counters[EXAMPLE_COUNTERS], users, ads
     )
-    _ = examples | "WriteExamples" >> io.WriteExamples(output)
-    _ = timelines | "WriteTimelines" >> io.WriteTimelines(output)
+    _ = examples | "WriteExamples" >> outputs.WriteExamples(output)
+    _ = timelines | "WriteTimelines" >> outputs.WriteTimelines(output)
 
     profiles = (users, ads) | "BuildProfiles" >> BuildProfiles()
     _ = (profiles, counters[FEATURE_ROWS]) | "WriteFeatureTables" >> (
-        io.WriteFeatureTables(output, names=PIECEWISE_TABLES)
+        outputs.WriteFeatureTables(output, names=PIECEWISE_TABLES)
     )
     _ = timelines | "WriteUserSequences" >> WriteUserSequences(output)
 
@@ -196,7 +197,7 @@ def _validation_clock(input_dir: str, flag: int | None) -> int:
     """``--now-ms``, else ``manifest.json``'s ``validation_now_ms``, else now."""
     if flag is not None:
         return flag
-    manifest = FileSystems.join(io.input_location(input_dir), "manifest.json")
+    manifest = FileSystems.join(input_location(input_dir), "manifest.json")
     try:
         with FileSystems.open(manifest) as handle:
             return int(json.loads(handle.read())["validation_now_ms"])

@@ -1,7 +1,7 @@
 """A progress bar of the batch job: event files read, as the runner counts them.
 
 The bar shows the job's own metric ``event_files_read`` (one per event file
-read to its end, :class:`~pipelines.batch.io.ReadEventFileFn`) out of the
+read to its end, :class:`~pipelines.batch.inputs.ReadEventFileFn`) out of the
 files the job was given, polled from the running job through the runner's
 job service; nothing is estimated. It appears where ``pipeline.run()``
 returns while the job runs and the runner answers metric queries meanwhile:

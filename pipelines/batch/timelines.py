@@ -36,7 +36,7 @@ from features.events import EVENT_SCHEMA
 from features.examples import TIMELINE_SCHEMA
 from features.feature_tables import FEATURE_TABLES
 from pipelines.batch.arrow import ShardedIpc, ShardedTable
-from pipelines.batch.io import BackgroundWriteFn, ParquetFileWriter
+from pipelines.batch.outputs import BackgroundWriteFn, ParquetFileWriter
 from pipelines.batch.parallel import PooledDoFn
 from pipelines.batch.tuning import pipeline_tuning
 from pipelines.batch.validate import METRICS_NAMESPACE

@@ -28,8 +28,8 @@ from apache_beam.options.pipeline_options import (
 )
 
 from features.memory import reuse_freed_memory
-from pipelines.batch.flags import AUTO
-from pipelines.batch.options import GemBuildOptions
+from pipelines.beam.flags import AUTO
+from pipelines.beam.options import GemBuildOptions
 
 # Runners that may run the job on Prism or on the FnApiRunner, both local.
 _LOCAL_DIRECT_RUNNERS: Final = frozenset(

@@ -1,6 +1,6 @@
 """Where a data set's event files are, and how each is read, for every reader.
 
-The Beam job (:mod:`pipelines.batch.io`) and the reference
+The Beam job (:mod:`pipelines.batch.inputs`) and the reference
 (:mod:`pipelines.core.reference`) find the same files and number the same lines,
 so their dead letters name the same file and line (no Beam import here: the
 reference runs without it).

@@ -41,8 +41,8 @@ from apache_beam.options.pipeline_options import (
 )
 
 from features.kafka import KafkaSettings, ensure_topics
-from pipelines.batch.options import GemBuildOptions, kafka_settings
-from pipelines.batch.runner import (
+from pipelines.beam.options import GemBuildOptions, kafka_settings
+from pipelines.beam.runner import (
     job_counters,
     prism_location,
     runner_name,

@@ -260,7 +260,7 @@ class UserShardFn(beam.DoFn):  # type: ignore[misc]
 def load_dimensions(input_dir: str) -> Dimensions:
     """The users / ads / contents tables of a data set folder, read as the
     batch job reads them (through Beam's filesystems)."""
-    from pipelines.batch.io import DIMENSION_SCHEMAS, dimension_path, read_dimension
+    from pipelines.beam.files import DIMENSION_SCHEMAS, dimension_path, read_dimension
 
     tables = {
         name: read_dimension(dimension_path(input_dir, name), schema)

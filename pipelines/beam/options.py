@@ -14,7 +14,7 @@ from typing import Any
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from features.kafka import KafkaSettings
-from pipelines.batch.flags import add_build_arguments
+from pipelines.beam.flags import add_build_arguments
 
 
 class GemBuildOptions(PipelineOptions):  # type: ignore[misc]
