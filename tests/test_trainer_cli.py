@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 
 from benchmarks.generated import generated_features
+from features.config_flags import config_fields
 from pipelines.sources.synthetic import GeneratorConfig
 from tests.interpreter import run_python
 from trainer import daemon as daemon_command
 from trainer import fit as fit_command
-from trainer.cli import config_fields
 from trainer.data import split
 from trainer.distill import command as distill_command
 from trainer.distill import daemon as student_daemon_command

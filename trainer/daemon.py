@@ -12,14 +12,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from features.cli import CommandError, CommandParser, run_command
+from features.config_flags import add_config_flags, config_fields
 from features.kafka.settings import add_kafka_arguments
-from trainer.cli import (
-    add_config_flags,
-    config_fields,
-    kafka_settings,
-    require_cluster,
-    start_torch,
-)
+from trainer.cli import kafka_settings, require_cluster, start_torch
 from trainer.training.run_config import DaemonConfig
 
 NEEDS_CLUSTER = "the daemon trains from the topic others publish into"

@@ -8,7 +8,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from features.cli import CommandError, CommandParser, run_command
-from trainer.cli import add_config_flags, config_fields, feature_dir, start_torch
+from features.config_flags import add_config_flags, config_fields
+from trainer.cli import feature_dir, start_torch
 from trainer.training.run_config import FitConfig
 
 DESCRIPTION = """\

@@ -22,7 +22,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from features.cli import CommandError, CommandParser, run_command
-from trainer.cli import feature_dir, positive_int
+from features.config_flags import positive_int
+from trainer.cli import feature_dir
 
 MS_PER_DAY = 86_400_000
 # What a folder written by this command holds (and the teacher outputs

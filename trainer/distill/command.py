@@ -12,15 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from features.cli import CommandError, CommandParser, run_command
+from features.config_flags import add_config_flags, config_fields, positive_int
 from features.vocab import DOMAINS
-from trainer.cli import (
-    CHECKPOINT_HELP,
-    add_config_flags,
-    config_fields,
-    feature_dir,
-    positive_int,
-    start_torch,
-)
+from trainer.cli import CHECKPOINT_HELP, feature_dir, start_torch
 from trainer.distill.run_config import DistillConfig
 
 DESCRIPTION = """\

@@ -8,14 +8,9 @@ import json
 from collections.abc import Sequence
 
 from features.cli import CommandError, CommandParser, run_command
+from features.config_flags import add_config_flags, config_fields
 from features.kafka.settings import add_kafka_arguments
-from trainer.cli import (
-    add_config_flags,
-    config_fields,
-    kafka_settings,
-    require_cluster,
-    start_torch,
-)
+from trainer.cli import kafka_settings, require_cluster, start_torch
 from trainer.distill.run_config import (
     STUDENT_DAEMON_DISTILL_FLAGS,
     DistillConfig,

@@ -3,7 +3,7 @@
 :class:`DistillConfig` is one student run (``python -m trainer.distill``
 trains one per domain with it), :class:`StudentDaemonConfig` one student
 daemon (``python -m trainer.distill.daemon``). Each field that is a flag
-carries its default and, as :func:`trainer.cli.flag` metadata, its help:
+carries its default and, as :func:`features.config_flags.flag` metadata, its help:
 the commands generate their flags from these dataclasses before torch loads.
 
 :data:`STUDENT_NAMES` mirrors :data:`trainer.distill.student.STUDENT_PRESETS`
@@ -18,8 +18,9 @@ from dataclasses import field
 from pathlib import Path
 from typing import Final
 
+from features.config_flags import flag, positive_float, positive_int
 from features.vocab import DOMAINS
-from trainer.cli import CHECKPOINT_HELP, flag, positive_float, positive_int
+from trainer.cli import CHECKPOINT_HELP
 
 METHODS: Final = ("standard", "aux", "adapter", "repr", "share")
 FULL: Final = ("aux", "adapter", "repr", "share")

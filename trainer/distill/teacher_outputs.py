@@ -9,7 +9,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from features.cli import CommandParser, run_command
-from trainer.cli import CHECKPOINT_HELP, feature_dir, positive_int, start_torch
+from features.config_flags import positive_int
+from trainer.cli import CHECKPOINT_HELP, feature_dir, start_torch
 
 DESCRIPTION = """\
 Teacher outputs, computed once per example: the GEM teacher's forward over

@@ -10,15 +10,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from features.cli import CommandError, CommandParser, run_command
+from features.config_flags import positive_float, positive_int
 from features.kafka.settings import add_kafka_arguments
-from trainer.cli import (
-    CHECKPOINT_HELP,
-    kafka_settings,
-    positive_float,
-    positive_int,
-    require_cluster,
-    start_torch,
-)
+from trainer.cli import CHECKPOINT_HELP, kafka_settings, require_cluster, start_torch
 
 NEEDS_CLUSTER = "the examples topic is the trainer's"
 DESCRIPTION = """\

@@ -3,7 +3,7 @@
 The settings of one offline run (:class:`FitConfig`, ``python -m
 trainer.fit``) and of one daemon run (:class:`DaemonConfig`, ``python -m
 trainer.daemon``), and the names their flags offer. Each field that is a flag
-carries its default and, as :func:`trainer.cli.flag` metadata, its help:
+carries its default and, as :func:`features.config_flags.flag` metadata, its help:
 the commands generate their flags from the dataclasses, so this module imports nothing
 heavy and ``--help`` answers before torch loads.
 
@@ -20,7 +20,7 @@ from dataclasses import field
 from pathlib import Path
 from typing import Final
 
-from trainer.cli import flag, positive_float, positive_int
+from features.config_flags import flag, positive_float, positive_int
 
 PRECISIONS: Final = ("fp32", "bf16")
 """What ``--precision`` takes (the autocast itself: :mod:`trainer.training.device`)."""
