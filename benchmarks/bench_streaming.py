@@ -35,10 +35,11 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.machine import machine_and_load
-from demos.stream.config import add_stream_arguments, stream_config
+from demos.stream.config import RUN_FLAGS, StreamDemoConfig
 from demos.stream.processes import streaming_job_command
 from demos.stream.report import job_runner
 from demos.stream.run import run_stream_demo
+from features.config_flags import add_config_flags, config_fields
 
 
 def batch_peer(data: Path, out: Path) -> dict[str, Any]:
@@ -204,8 +205,10 @@ def plot_soak(result: dict[str, Any], path: Path) -> Path:
 def main() -> int:
     """Run the benchmark once and print its figures."""
     parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_streaming")
-    add_stream_arguments(
-        parser, broker_down_seconds=0.0, output=Path("demo-output/bench-stream")
+    add_config_flags(parser, StreamDemoConfig, only=RUN_FLAGS)
+    # The throughput figures are of a run without an outage, unless asked.
+    parser.set_defaults(
+        broker_down_seconds=0.0, output=Path("demo-output/bench-stream")
     )
     parser.add_argument(
         "--soak-seconds",
@@ -220,7 +223,7 @@ def main() -> int:
         result["plot"] = str(plot_soak(result, args.output / "soak_rss.png"))
         print(json.dumps(result, indent=2))
         return 0
-    stream = run_stream_demo(stream_config(args, trainer=True))
+    stream = run_stream_demo(StreamDemoConfig(**config_fields(args, StreamDemoConfig)))
     peer = batch_peer(args.output / "gen", args.output / "batch")
     result = {
         **machine_and_load(),

@@ -47,26 +47,15 @@ import os
 import shutil
 import signal
 import sys
-from pathlib import Path
 from typing import NoReturn
 
 from demos import event_steps, feature_steps, training_steps
+from demos.demo_config import DemoConfig
 from features.cli import CommandParser, run_command
+from features.config_flags import add_config_flags, config_fields
 from features.kafka import KafkaSettings, add_kafka_arguments
 from pipelines.sources import bayes
 
-# Sized to run in minutes on a 2-core CPU. Six days of fewer users rather than
-# three of more: a longer history per user is what the click model learns from.
-DEFAULT_USERS = 4500
-DEFAULT_ADS = 400
-DEFAULT_DAYS = 6
-# In one pass over this many examples the tiny preset's small hashed tables
-# learn more than the default preset's larger ones, in less time.
-DEFAULT_PRESET = "tiny"
-DEFAULT_LR = 3e-3
-DEFAULT_BATCH = 256
-DEFAULT_MAX_SEQ_LEN = 32
-DEFAULT_WINDOW = 2000
 TOTAL_STEPS = 8
 
 
@@ -80,22 +69,22 @@ def _raise_on_sigterm(signum: int, _frame: object) -> NoReturn:
     raise SystemExit(128 + signum)
 
 
-def run(args: argparse.Namespace) -> int:
-    """Run the demo steps; returns the process exit code."""
+def run(config: DemoConfig, settings: KafkaSettings) -> int:
+    """Run the demo steps on the cluster ``settings`` name (an embedded broker
+    when they name none); returns the process exit code."""
     from launchers.kafka_broker import kafka_cluster
 
     # Feast's materialization bars (tqdm, on stderr) would interleave with
     # this report, which prints each step's own count and time.
     os.environ.setdefault("TQDM_DISABLE", "1")
-    output: Path = args.output
+    output = config.output
     _step(1, f"Generating events into {output}/")
-    data = event_steps.generate(args, output)
+    data = event_steps.generate(config)
 
     _step(2, "Bayes-optimal quality of this data (the ceiling for any model)")
     ceiling = bayes.bayes_optimal_report(output)
     print(bayes.format_report(ceiling))
 
-    settings = KafkaSettings.from_args(args)
     where = "embedded broker" if settings.embedded else settings.bootstrap
     _step(3, f"Publishing events to Kafka ({where})")
     # The embedded broker's log directory is under the output, made anew:
@@ -103,14 +92,14 @@ def run(args: argparse.Namespace) -> int:
     shutil.rmtree(output / "kafka", ignore_errors=True)
     with kafka_cluster(settings, home=output / "kafka") as cluster:
         print(f"  broker: {cluster.bootstrap}")
-        sent, injected = event_steps.publish(cluster, data.events, args)
+        sent, injected = event_steps.publish(cluster, data.events, config)
 
         _step(4, "Reading the topic back in a consumer group")
         checks = event_steps.read_back(cluster, data.events, sent, injected)
 
         _step(5, f"Building features with Beam into {output}/features/")
         # The feature job makes the examples topic, one partition per shard.
-        counts, runner = feature_steps.build_features(output, cluster, args)
+        counts, runner = feature_steps.build_features(cluster, config)
         checks.update(
             feature_steps.feature_job_checks(counts, runner, data.truth.num_rows)
         )
@@ -123,12 +112,12 @@ def run(args: argparse.Namespace) -> int:
         )
         checks.update(
             training_steps.train_step(
-                cluster, output, args, ceiling, published=counts["examples"]
+                cluster, config, ceiling, published=counts["examples"]
             )
         )
 
         _step(8, "Knowledge transfer: one student per domain from GEM")
-        checks.update(training_steps.distill_step(output, args.max_seq_len))
+        checks.update(training_steps.distill_step(output, config.max_seq_len))
     print(
         "\n  broker stopped"
         if settings.embedded
@@ -146,69 +135,7 @@ def build_parser() -> CommandParser:
     parser = CommandParser("demos.end_to_end", __doc__.split("\n\n")[0])
     # The demo's report is its stdout; library INFO lines would interleave.
     parser.set_defaults(log_level="warning")
-    parser.add_argument("--users", type=int, default=DEFAULT_USERS, help="users")
-    parser.add_argument("--ads", type=int, default=DEFAULT_ADS, help="ads")
-    parser.add_argument("--days", type=int, default=DEFAULT_DAYS, help="days of events")
-    parser.add_argument("--seed", type=int, default=7, help="the generator's seed")
-    parser.add_argument(
-        "--output",
-        type=Path,
-        default=Path("demo-output"),
-        help="folder for everything the demo writes (made anew each run)",
-    )
-    parser.add_argument(
-        "--partitions", type=int, default=6, help="partitions of the raw-event topic"
-    )
-    parser.add_argument(
-        "--rate",
-        type=float,
-        help="events/s to publish at (default: as fast as possible)",
-    )
-    parser.add_argument(
-        "--preset",
-        choices=("tiny", "default", "large"),
-        default=DEFAULT_PRESET,
-        help="the trainer daemon's model preset",
-    )
-    parser.add_argument(
-        "--lr", type=float, default=DEFAULT_LR, help="the daemon's Adam learning rate"
-    )
-    parser.add_argument(
-        "--batch-size",
-        type=int,
-        default=DEFAULT_BATCH,
-        help="examples per Kafka message, so per training step",
-    )
-    parser.add_argument(
-        "--max-seq-len",
-        type=int,
-        default=DEFAULT_MAX_SEQ_LEN,
-        help="most recent history events published with each example",
-    )
-    parser.add_argument(
-        "--window-examples",
-        type=int,
-        default=DEFAULT_WINDOW,
-        help="examples per domain in a progressive-validation window",
-    )
-    parser.add_argument(
-        "--max-click-ne",
-        type=float,
-        default=0.95,
-        help="the model learnt: last-window click NE at most this",
-    )
-    parser.add_argument(
-        "--min-click-auc",
-        type=float,
-        default=0.65,
-        help="the model learnt: whole-run click AUC at least this",
-    )
-    parser.add_argument(
-        "--require-learning",
-        action="store_true",
-        help="count the learning verdict among the checks: exit 1 when the "
-        "model missed either threshold above",
-    )
+    add_config_flags(parser, DemoConfig)
     add_kafka_arguments(parser)
     return parser
 
@@ -216,7 +143,10 @@ def build_parser() -> CommandParser:
 def _run_demo(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _raise_on_sigterm)
     try:
-        return run(args)
+        return run(
+            DemoConfig(**config_fields(args, DemoConfig)),
+            KafkaSettings.from_args(args),
+        )
     except KeyboardInterrupt:
         print("\ninterrupted: every process the demo started has been stopped")
         return 130

@@ -4,13 +4,12 @@ back in a consumer group with the checks that nothing was lost or changed."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from collections import Counter
-from pathlib import Path
 from typing import TYPE_CHECKING
 
+from demos.demo_config import DemoConfig
 from features.kafka import KafkaSettings, ensure_topics
 
 if TYPE_CHECKING:
@@ -57,15 +56,16 @@ def malformed_messages() -> tuple[bytes, ...]:
     )
 
 
-def generate(args: argparse.Namespace, output: Path) -> Generated:
-    """Step 1: the synthetic world into ``output``; prints its events' counts."""
+def generate(config: DemoConfig) -> Generated:
+    """Step 1: the synthetic world into ``config.output``; prints its events'
+    counts."""
     from pipelines.sources.synthetic import GeneratorConfig, generate_dataset
 
     started = time.monotonic()
-    config = GeneratorConfig(
-        users=args.users, ads=args.ads, days=args.days, seed=args.seed
+    world = GeneratorConfig(
+        users=config.users, ads=config.ads, days=config.days, seed=config.seed
     )
-    data, _ = generate_dataset(config, output)
+    data, _ = generate_dataset(world, config.output)
     print(f"  {data.events.num_rows:,} events in {time.monotonic() - started:.1f} s")
     _print_event_summary(data.events)
     return data
@@ -90,17 +90,17 @@ def _print_event_summary(events: pa.Table) -> None:
 
 
 def publish(
-    cluster: KafkaSettings, events: pa.Table, args: argparse.Namespace
+    cluster: KafkaSettings, events: pa.Table, config: DemoConfig
 ) -> tuple[int, int]:
     """Step 3: every event to :data:`EVENTS_TOPIC`, then the malformed
     messages; returns how many of each were sent."""
     from pipelines.sources.event_stream import publish_events, publish_raw
 
-    ensure_topics(cluster, {EVENTS_TOPIC: args.partitions, DEAD_LETTER_TOPIC: 1})
-    sent = publish_events(events, cluster, EVENTS_TOPIC, rate=args.rate)
+    ensure_topics(cluster, {EVENTS_TOPIC: config.partitions, DEAD_LETTER_TOPIC: 1})
+    sent = publish_events(events, cluster, EVENTS_TOPIC, rate=config.rate)
     print(
         f"  published {sent.messages:,} events to {EVENTS_TOPIC} "
-        f"({args.partitions} partitions, keyed by user) in {sent.seconds:.1f} s: "
+        f"({config.partitions} partitions, keyed by user) in {sent.seconds:.1f} s: "
         f"{sent.rate:,.0f} events/s, {sent.bytes / sent.seconds / 1e6:.1f} MB/s"
     )
     injected = publish_raw(malformed_messages(), cluster, EVENTS_TOPIC, key=b"bad")

@@ -3,21 +3,21 @@ feature job on the generated files, and its feature tables through Feast."""
 
 from __future__ import annotations
 
-import argparse
 import shutil
 import time
 from pathlib import Path
 
+from demos.demo_config import DemoConfig
 from features.kafka import KafkaSettings
 
 EXAMPLES_TOPIC = "gem.examples"
 
 
 def build_features(
-    output: Path, cluster: KafkaSettings, args: argparse.Namespace
+    cluster: KafkaSettings, config: DemoConfig
 ) -> tuple[dict[str, int], str]:
-    """Step 5: the Beam feature job on the generated files in ``output``;
-    returns its counts and the runner that ran it.
+    """Step 5: the Beam feature job on the generated files in
+    ``config.output``; returns its counts and the runner that ran it.
 
     Besides the files, it publishes the examples (with their timeline
     segments) to :data:`EXAMPLES_TOPIC` for the trainer daemon.
@@ -25,6 +25,7 @@ def build_features(
     # Imported here: Beam takes a second to import, and steps 1-4 do not need it.
     from pipelines import build
 
+    output = config.output
     started = time.monotonic()
     summary = build.run(
         [
@@ -41,9 +42,9 @@ def build_features(
             # The daemon takes one step per message: the message size is its
             # batch size. Short histories keep each step cheap on a CPU.
             "--examples-per-message",
-            str(args.batch_size),
+            str(config.batch_size),
             "--max-seq-len",
-            str(args.max_seq_len),
+            str(config.max_seq_len),
             # Prism's own lines only when they are warnings or errors.
             "--prism_log_level=warn",
         ]

@@ -42,24 +42,29 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from demos.stream.config import ROOT, add_stream_arguments, stream_config
+from demos.stream.config import StreamDemoConfig
 from demos.stream.run import run_stream_demo
 from demos.stream.screen import render
+from features.cli import HelpFormatter
+from features.config_flags import add_config_flags, config_fields
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI entry point (see the module docstring)."""
-    parser = argparse.ArgumentParser(prog="python -m demos.streaming")
-    add_stream_arguments(
-        parser, broker_down_seconds=3.0, output=ROOT / "demo-output" / "stream"
+    parser = argparse.ArgumentParser(
+        prog="python -m demos.streaming",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=HelpFormatter,
     )
-    parser.add_argument("--no-trainer", action="store_true")
-    args = parser.parse_args(argv)
+    add_config_flags(parser, StreamDemoConfig)
+    config = StreamDemoConfig(
+        **config_fields(parser.parse_args(argv), StreamDemoConfig)
+    )
     # A SIGTERM unwinds like Ctrl-C, so the children (each in its own
     # session) and the broker are stopped too.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
-    report = run_stream_demo(stream_config(args, trainer=not args.no_trainer))
-    print(render(report, args.output))
+    report = run_stream_demo(config)
+    print(render(report, config.output))
     return 0 if all(report["checks"].values()) else 1
 
 

@@ -4,7 +4,6 @@ and knowledge transfer to one student per domain."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import subprocess
@@ -14,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from demos import learning as demo_learning
+from demos.demo_config import DemoConfig
 from demos.feature_steps import EXAMPLES_TOPIC
 from features.kafka import KafkaSettings
 from pipelines.sources import bayes
@@ -21,8 +21,7 @@ from pipelines.sources import bayes
 
 def train_step(
     cluster: KafkaSettings,
-    output: Path,
-    args: argparse.Namespace,
+    config: DemoConfig,
     ceiling: dict[str, Any],
     *,
     published: int,
@@ -36,6 +35,7 @@ def train_step(
     generator's report of the same examples), whether the model learnt, and
     the PNGs; returns the step's checks.
     """
+    output = config.output
     # A fresh start: this run's broker and examples are new, so an earlier
     # run's checkpoint, with its model and Kafka offsets, does not belong to
     # them.
@@ -46,7 +46,9 @@ def train_step(
     log_path = checkpoints / "daemon.log"
     started = time.monotonic()
     returncode, out = _run_daemon(
-        _daemon_command(cluster, checkpoints, metrics_path, args), cluster, log_path
+        _daemon_command(cluster, checkpoints, metrics_path, config),
+        cluster,
+        log_path,
     )
     if returncode != 0:
         print(f"  the daemon exited with {returncode}; log: {log_path}")
@@ -62,14 +64,14 @@ def train_step(
         print(f"  progressive validation, {title}:")
         _print_metrics(last[scope])
     learning = _print_learning(
-        last, ceiling, args, metrics_path, output / "learning_curve.png"
+        last, ceiling, config, metrics_path, output / "learning_curve.png"
     )
     print(f"  per-domain curves: {result['png']}")
     # The verdict is always printed; it decides the exit status only when
     # asked, as the default size does not reach the thresholds on 2 cores.
     learnt = (
         {"the model learnt (last-window click NE, whole-run click AUC)": learning}
-        if args.require_learning
+        if config.require_learning
         else {}
     )
     return {
@@ -86,7 +88,7 @@ def _daemon_command(
     cluster: KafkaSettings,
     checkpoints: Path,
     metrics_path: Path,
-    args: argparse.Namespace,
+    config: DemoConfig,
 ) -> list[str]:
     """``python -m trainer.daemon`` with every flag the demo's figures depend
     on given, not left to the daemon's defaults."""
@@ -95,14 +97,14 @@ def _daemon_command(
         "--topic", EXAMPLES_TOPIC,
         "--group", f"gem-demo-trainer-{int(time.time())}",
         "--checkpoint-dir", str(checkpoints),
-        "--model", "gem", "--preset", args.preset,
+        "--model", "gem", "--preset", config.preset,
         # The feature job is done: both cores are the trainer's.
-        "--lr", str(args.lr), "--seed", "0", "--threads", "2",
+        "--lr", str(config.lr), "--seed", "0", "--threads", "2",
         # Adagrad for the id tables: in one pass most rows see few examples,
         # and Adagrad's larger per-row steps learn them from fewer than Adam.
         "--embedding-optimizer", "adagrad", "--embedding-lr", "0.05",
         "--prior-click-rate", "0.02", "--prior-conversion-rate", "0.002",
-        "--window-examples", str(args.window_examples),
+        "--window-examples", str(config.window_examples),
         # A default-preset checkpoint is ~200 MB, seconds to write on this
         # disk: the run's final one is the one the distillation step needs.
         "--log-every", "10", "--checkpoint-every", "100000", "--keep", "1",
@@ -140,7 +142,7 @@ def _run_daemon(
 def _print_learning(
     last: dict[str, Any],
     ceiling: dict[str, Any],
-    args: argparse.Namespace,
+    config: DemoConfig,
     metrics_path: Path,
     png: Path,
 ) -> bool:
@@ -162,14 +164,14 @@ def _print_learning(
             f"{m['ne']:>8.4f}{m['auc']:>8.4f}"
         )
     check = demo_learning.verdict(
-        last, max_ne=args.max_click_ne, min_auc=args.min_click_auc
+        last, max_ne=config.max_click_ne, min_auc=config.min_click_auc
     )
     print(f"  {check.line()}")
     plotted = demo_learning.plot_learning(
         demo_learning.read_records(metrics_path),
         bayes_ne=bayes_click["ne"],
         path=png,
-        title=f"GEM ({args.preset}) progressive click NE vs the ceiling",
+        title=f"GEM ({config.preset}) progressive click NE vs the ceiling",
     )
     print(f"  click NE over training time: {plotted}")
     return check.learnt

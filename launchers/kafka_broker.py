@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import logging
 import os
 import shutil
@@ -49,11 +50,13 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import field
 from pathlib import Path
 from types import TracebackType
 from typing import Final, TextIO
 
 from features.cli import CommandError, CommandParser, run_command
+from features.config_flags import add_config_flags, config_fields, flag
 from features.kafka.settings import KafkaSettings
 from features.kafka.topics import ensure_topics
 from launchers.kafka_config import (
@@ -416,42 +419,56 @@ def _parse_sasl_user(spec: str) -> tuple[str, str]:
     return name, password
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BrokerCommandConfig:
+    """What ``python -m launchers.kafka_broker`` is told (its flags)."""
+
+    port: int | None = field(
+        default=None,
+        metadata=flag("client port (default: a free one on loopback)", metavar="PORT"),
+    )
+    home: Path | None = field(
+        default=None,
+        metadata=flag(
+            "the broker's folder, kept with its data (default: a temporary one)"
+        ),
+    )
+    topics: list[tuple[str, int]] = field(
+        default_factory=list,
+        metadata=flag(
+            "create this topic once the broker is up (repeatable; 1 partition "
+            "unless given)",
+            name="--topic",
+            action="append",
+            type=_parse_topic,
+            metavar="NAME[:PARTITIONS]",
+        ),
+    )
+    sasl_users: list[tuple[str, str]] = field(
+        default_factory=list,
+        metadata=flag(
+            "a SASL user (repeatable): adds a SASL_PLAINTEXT listener with "
+            + ", ".join(SASL_LISTENER_MECHANISMS),
+            name="--sasl-user",
+            action="append",
+            type=_parse_sasl_user,
+            metavar="NAME:PASSWORD",
+        ),
+    )
+    log_path: Path | None = field(
+        default=None,
+        metadata=flag(
+            "broker log file (default: broker.log in its home)",
+            name="--log",
+            metavar="FILE",
+        ),
+    )
+
+
 def build_parser() -> CommandParser:
     """The flags of ``python -m launchers.kafka_broker``."""
     parser = CommandParser("launchers.kafka_broker", __doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--port", type=int, help="client port (default: a free one on loopback)"
-    )
-    parser.add_argument(
-        "--home",
-        type=Path,
-        metavar="DIR",
-        help="the broker's folder, kept with its data (default: a temporary one)",
-    )
-    parser.add_argument(
-        "--topic",
-        action="append",
-        type=_parse_topic,
-        default=[],
-        metavar="NAME[:PARTITIONS]",
-        help="create this topic once the broker is up (repeatable; 1 partition "
-        "unless given)",
-    )
-    parser.add_argument(
-        "--sasl-user",
-        action="append",
-        type=_parse_sasl_user,
-        default=[],
-        metavar="NAME:PASSWORD",
-        help="a SASL user (repeatable): adds a SASL_PLAINTEXT listener with "
-        + ", ".join(SASL_LISTENER_MECHANISMS),
-    )
-    parser.add_argument(
-        "--log",
-        type=Path,
-        metavar="FILE",
-        help="broker log file (default: broker.log in its home)",
-    )
+    add_config_flags(parser, BrokerCommandConfig)
     return parser
 
 
@@ -463,22 +480,23 @@ def serve(args: argparse.Namespace) -> int:
         nonlocal stop
         stop = True
 
+    config = BrokerCommandConfig(**config_fields(args, BrokerCommandConfig))
     signal.signal(signal.SIGTERM, request_stop)
     try:
         broker = EmbeddedKafka(
-            port=args.port,
-            home=args.home,
-            log_path=args.log,
-            sasl_users=dict(args.sasl_user),
+            port=config.port,
+            home=config.home,
+            log_path=config.log_path,
+            sasl_users=dict(config.sasl_users),
         )
     except ValueError as error:
         raise CommandError(f"--sasl-user: {error}") from error
     try:
         with broker:
-            if args.topic:
-                broker.create_topics(dict(args.topic))
+            if config.topics:
+                broker.create_topics(dict(config.topics))
             print(f"Kafka broker ready: {broker.bootstrap} (log: {broker.log_path})")
-            if args.sasl_user:
+            if config.sasl_users:
                 print(
                     f"SASL_PLAINTEXT listener: {broker.sasl_bootstrap} "
                     f"({', '.join(SASL_LISTENER_MECHANISMS)})"

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-import argparse
-from dataclasses import dataclass
+import dataclasses
+from dataclasses import field
 from pathlib import Path
 from typing import Final
+
+from features.config_flags import flag
 
 ROOT = Path(__file__).resolve().parents[2]
 EVENTS_TOPIC: Final = "gem.events"
@@ -20,52 +22,43 @@ TRAINER_CATCH_UP_S: Final = 120.0
 STOP_GRACE_S: Final = 20.0
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class StreamDemoConfig:
-    """Sizes and timing of one demo (or benchmark) run."""
+    """Sizes and timing of one demo (or benchmark) run.
 
-    users: int = 300
+    The fields with :func:`~features.config_flags.flag` metadata are the flags
+    of ``python -m demos.streaming``; the benchmark offers
+    :data:`RUN_FLAGS` of them.
+    """
+
+    users: int = field(default=300, metadata=flag("users"))
     ads: int = 60
-    days: int = 3
+    days: int = field(default=3, metadata=flag("days of events"))
     seed: int = 1
-    rate: float = 2000.0
+    rate: float = field(
+        default=2000.0, metadata=flag("events/s the generator publishes at")
+    )
     shards: int = 4
     entity_shards: int = 2
     granularity_ms: int = 3_600_000
     allowed_lateness_ms: int = 60_000
     idle_seconds: float = 3.0
-    broker_down_seconds: float = 0.0
-    """The broker is SIGKILLed half-way through the publishing and started
-    again this long after; 0 leaves it up."""
-    trainer: bool = True
-    output: Path = ROOT / "demo-output" / "stream"
-
-
-def add_stream_arguments(
-    parser: argparse.ArgumentParser, *, broker_down_seconds: float, output: Path
-) -> None:
-    """The flags of a run's sizes: ``--users``, ``--days``, ``--rate``,
-    ``--broker-down-seconds`` and ``--output``, with these defaults."""
-    parser.add_argument("--users", type=int, default=StreamDemoConfig.users)
-    parser.add_argument("--days", type=int, default=StreamDemoConfig.days)
-    parser.add_argument("--rate", type=float, default=StreamDemoConfig.rate)
-    parser.add_argument(
-        "--broker-down-seconds",
-        type=float,
-        default=broker_down_seconds,
-        help="SIGKILL the broker half-way through the publishing and start it "
-        "again this long after (0: no outage)",
+    broker_down_seconds: float = field(
+        default=3.0,
+        metadata=flag(
+            "SIGKILL the broker half-way through the publishing and start it "
+            "again this long after (0: no outage)"
+        ),
     )
-    parser.add_argument("--output", type=Path, default=output)
-
-
-def stream_config(args: argparse.Namespace, *, trainer: bool) -> StreamDemoConfig:
-    """The run that :func:`add_stream_arguments`' flags ask for."""
-    return StreamDemoConfig(
-        users=args.users,
-        days=args.days,
-        rate=args.rate,
-        broker_down_seconds=args.broker_down_seconds,
-        trainer=trainer,
-        output=args.output,
+    trainer: bool = field(
+        default=True,
+        metadata=flag("leave the trainer daemon out: the streaming job alone"),
     )
+    output: Path = field(
+        default=ROOT / "demo-output" / "stream",
+        metadata=flag("folder for everything the run writes"),
+    )
+
+
+RUN_FLAGS: Final = ("users", "days", "rate", "broker_down_seconds", "output")
+"""The flags of a run's sizes, which the benchmark shares with the demo."""
