@@ -1,6 +1,6 @@
 """The parts of the streaming demo (``python -m demos.streaming``).
 
-- :mod:`demos.stream.config`: its sizes, topics and time limits;
+- :mod:`demos.stream.config`: its sizes (and their flags), topics and time limits;
 - :mod:`demos.stream.processes`: the child processes, the publisher and the
   broker outage;
 - :mod:`demos.stream.run`: one run, from the generated world to the report;

@@ -1,4 +1,5 @@
-"""Sizes, topics and time limits of one streaming demo (or benchmark) run."""
+"""Sizes, topics and time limits of one streaming demo (or benchmark) run,
+and the flags that set them."""
 
 from __future__ import annotations
 
