@@ -28,7 +28,11 @@ import torch
 from torch import nn
 
 from trainer.models.config import PyramidConfig
-from trainer.modules.attention import PMA, JaggedLocalAttention
+from trainer.modules.attention import (
+    PMA,
+    CrossAttentionProjections,
+    JaggedLocalAttention,
+)
 from trainer.ops import (
     JaggedTokens,
     Kernel,
@@ -39,7 +43,7 @@ from trainer.ops import (
 )
 
 
-class TargetAwareAttention(nn.Module):
+class TargetAwareAttention(CrossAttentionProjections):
     """Candidate-ad-as-query attention over the jagged tokens.
 
     The weights of an example are a softmax over its tokens, so they sum to
@@ -61,16 +65,6 @@ class TargetAwareAttention(nn.Module):
         (torch.Size([3, 8]), torch.Size([3, 1, 8]))
     """
 
-    def __init__(
-        self, dim: int, num_heads: int, kernel: Kernel = Kernel.PYTORCH
-    ) -> None:
-        super().__init__()
-        self.heads = num_heads
-        self.kernel = kernel
-        self.q = nn.Linear(dim, dim)
-        self.kv = nn.Linear(dim, 2 * dim)
-        self.out = nn.Linear(dim, dim)
-
     def forward(
         self,
         target: torch.Tensor,
@@ -82,7 +76,7 @@ class TargetAwareAttention(nn.Module):
         total, dim = values.shape
         seg = segment_ids(offsets, total)
         q = self.q(target).view(-1, self.heads, dim // self.heads)  # (B, H, Dh)
-        k, v = self.kv(values).view(total, 2, self.heads, dim // self.heads).unbind(1)
+        k, v = self.keys_values(values)
         scores = (k * q[seg]).sum(-1) / math.sqrt(dim // self.heads)  # (L, H)
         lengths = (offsets[1:] - offsets[:-1]).to(values.dtype)[seg].unsqueeze(1)
         weights = jagged_softmax(scores, offsets, max_len, self.kernel)
