@@ -7,7 +7,7 @@ Usage::
         [--batch-size 256] [--max-seq-len 32] [--validation-sample 10000]
         [--lrs 1e-3,3e-3] [--device auto|cpu|cuda] [--precision fp32|bf16]
         [--prepare-only] [--work DIR] [--json FILE] [--seeds 0,1,2]
-        [--target-match-ablation] [--match-share] [--variants gem_joint_match,...]
+        [--target-match-ablation] [--variants gem_joint_match,...]
 
 Three periods per data set, split forward in time at fixed timestamps:
 **train** < validation cut <= **validation** < eval cut <= **eval**. Every
@@ -135,14 +135,6 @@ def bayes_on(eval_dir: Path, truth_path: Path) -> dict[str, Any]:
 
 # GEM without the TargetMatch event feature: what that feature adds.
 NO_TARGET_MATCH = "gem_no_target_match"
-# GEM with the MatchShare token (EmbeddingConfig.match_share), experimental.
-MATCH_SHARE = "gem_match_share"
-# GEM whose target-aware attention weighs events pointwise, not by a softmax
-# (PyramidConfig.target_weights), experimental.
-POINTWISE_TARGET = "gem_pointwise_target"
-# GEM whose pyramid hands InterFormer the newest 32 first-level tokens beside
-# the top level's (PyramidConfig.recent_tokens), experimental.
-PYRAMID_RECENT = "gem_pyramid_recent"
 # GEM whose TargetMatch has only the joint (match, time, action) rows, without
 # the shared match-bit embedding (EmbeddingConfig.target_match_shared): the
 # evidence for that default.
@@ -173,22 +165,13 @@ def _untargeted(cfg: ModelConfig, interleave: bool) -> ModelConfig:
 # GEM variants trained only when asked for: config changes.
 GEM_VARIANTS: dict[str, Callable[[ModelConfig], ModelConfig]] = {
     NO_TARGET_MATCH: lambda c: _embedding(c, target_match=False),
-    MATCH_SHARE: lambda c: _embedding(c, match_share=True),
-    POINTWISE_TARGET: lambda c: dataclasses.replace(
-        c, pyramid=dataclasses.replace(c.pyramid, target_weights="pointwise")
-    ),
     JOINT_MATCH: lambda c: _embedding(c, target_match_shared=False),
-    PYRAMID_RECENT: lambda c: dataclasses.replace(
-        c, pyramid=dataclasses.replace(c.pyramid, recent_tokens=32)
-    ),
     UNTARGETED: lambda c: _untargeted(c, interleave=True),
     UNTARGETED_SEP: lambda c: _untargeted(c, interleave=False),
 }
-# Variants every other model is also bootstrapped against.
-EXPERIMENTAL = (MATCH_SHARE, POINTWISE_TARGET, PYRAMID_RECENT)
 # Besides GEM, the models every other one is bootstrapped against (when run):
-# the experimental variants, and the "sep" ablation.
-REFERENCES = (*EXPERIMENTAL, "gem_no_interleave")
+# the "sep" ablation.
+REFERENCES = ("gem_no_interleave",)
 
 
 def bayes_probs_aligned(eval_dir: Path, truth_path: Path) -> np.ndarray:
@@ -541,7 +524,6 @@ def requested_variants(args: argparse.Namespace) -> tuple[str, ...]:
     return tuple(
         dict.fromkeys(
             [NO_TARGET_MATCH] * args.target_match_ablation
-            + [MATCH_SHARE] * args.match_share
             + [v for v in args.variants.split(",") if v]
         )
     )
@@ -820,11 +802,6 @@ def main(argv: list[str] | None = None) -> int:
         "--target-match-ablation",
         action="store_true",
         help=f"also train {NO_TARGET_MATCH}",
-    )
-    p.add_argument(
-        "--match-share",
-        action="store_true",
-        help=f"also train {MATCH_SHARE}: GEM with the MatchShare token",
     )
     p.add_argument(
         "--variants",

@@ -37,7 +37,7 @@ from trainer.modules.interformer import (
     SequenceSummary,
 )
 from trainer.modules.pyramid import PyramidEncoder, PyramidLevel, TargetAwareAttention
-from trainer.modules.target_match import MatchShare, TargetMatch
+from trainer.modules.target_match import TargetMatch
 from trainer.modules.wukong import (
     FactorizationMachineBlock,
     LinearCompressBlock,
@@ -123,27 +123,15 @@ CASES: dict[str, tuple[Callable[[], nn.Module], Callable[[], tuple[Any, ...]], A
         lambda: (torch.randn(B, D), seq(), OFFSETS, 9),
         ((L, D), (B, 1, D)),
     ),
-    "TargetAwareAttention pointwise": (
-        lambda: TargetAwareAttention(D, 2, weights="pointwise"),
-        lambda: (torch.randn(B, D), seq(), OFFSETS, 9),
-        ((L, D), (B, 1, D)),
-    ),
     "PyramidLevel": (
         lambda: PyramidLevel(D, PyramidConfig(ratio=2, num_seeds=2)),
         lambda: (seq(), OFFSETS, 9, torch.randn(B, D)),
-        ((2 + 0 + 5 + 1, D), (B, 3, D), (L, D)),
+        ((2 + 0 + 5 + 1, D), (B, 3, D)),
     ),
     "PyramidEncoder": (
         lambda: PyramidEncoder(D, PyramidConfig(num_levels=2, ratio=2)),
         lambda: (JaggedTokens(seq(), OFFSETS, 9), torch.randn(B, D)),
         ((1 + 0 + 3 + 1, D), (B, 6, D)),
-    ),
-    "PyramidEncoder with recent tokens": (
-        lambda: PyramidEncoder(
-            D, PyramidConfig(num_levels=2, ratio=2, recent_tokens=4)
-        ),
-        lambda: (JaggedTokens(seq(), OFFSETS, 9), torch.randn(B, D)),
-        ((1 + 0 + 3 + 1 + 3 + 0 + 4 + 1, D), (B, 6, D)),
     ),
     "PersonalizedFFN": (
         lambda: PersonalizedFFN(D, 4),
@@ -199,16 +187,6 @@ CASES: dict[str, tuple[Callable[[], nn.Module], Callable[[], tuple[Any, ...]], A
             torch.tensor([0, 3, 3]),
         ),
         (3, D),
-    ),
-    "MatchShare": (
-        lambda: MatchShare(D, max_seq_len=4),
-        lambda: (torch.randint(0, 4, (L,)), torch.tensor([1, 2, 0, 3]), OFFSETS),
-        (B, D),
-    ),
-    "InputAdapter with MatchShare": (
-        lambda: InputAdapter(dataclasses.replace(CFG.embedding, match_share=True)),
-        lambda: (BATCH.sparse, BATCH.dense, BATCH.sequence),
-        ((4, 16, D), (4, D), (44, D)),
     ),
     "DenseTokens": (
         lambda: DenseTokens(CFG.embedding),
@@ -300,78 +278,6 @@ def test_shared_target_match_gives_every_match_one_direction() -> None:
     # ...which a non-match does not have.
     assert not torch.equal(out[0], out[2])
     torch.testing.assert_close(out[2], match.same.weight[0])
-
-
-def test_match_share_counts_the_newest_window_only() -> None:
-    share = MatchShare(D, max_seq_len=3)
-    category = torch.tensor([3, 3, 5, 3, 0, 7, 7])
-    offsets = torch.tensor([0, 5, 5, 7])
-    candidate = torch.tensor([3, 3, 7])
-    matched, events = share.counts(category, candidate, offsets)
-    # Example 0's window is its newest 3 events (5, 3, 0): one match, and
-    # the two older 3s are outside it; 1 is empty; 2 matches both events.
-    assert matched.tolist() == [1.0, 0.0, 2.0]
-    assert events.tolist() == [3.0, 0.0, 2.0]
-    # A missing candidate category (0) matches nothing, not the 0 event.
-    assert share.counts(category, torch.tensor([0, 0, 0]), offsets)[0].sum() == 0
-
-
-def _matching_attention(weights: str) -> TargetAwareAttention:
-    """Width 2, one head: score = 4 * (target . token) / sqrt(2), values all ones."""
-    attn = TargetAwareAttention(2, 1, weights=weights)  # type: ignore[arg-type]
-    with torch.no_grad():
-        attn.q.weight.copy_(torch.eye(2))
-        attn.q.bias.zero_()
-        attn.kv.weight.zero_()
-        attn.kv.weight[:2].copy_(4 * torch.eye(2))  # keys: the tokens, scaled
-        attn.kv.bias.copy_(torch.tensor([0.0, 0.0, 1.0, 1.0]))  # values: ones
-        attn.out.weight.copy_(torch.eye(2))
-        attn.out.bias.zero_()
-    return attn
-
-
-def test_pointwise_target_attention_keeps_how_many_events_match() -> None:
-    # One event matches the candidate (token [1, 0]); the others score 0.
-    match, other = [1.0, 0.0], [0.0, 1.0]
-    values = torch.tensor([match, other, match, other, other, other])
-    offsets = torch.tensor([0, 2, 6])  # 1 match of 2 events, 1 match of 4
-    target = torch.tensor([[1.0, 0.0], [1.0, 0.0]])
-    with torch.no_grad():
-        _, softmax = _matching_attention("softmax")(target, values, offsets, 4)
-        _, pointwise = _matching_attention("pointwise")(target, values, offsets, 4)
-    # A softmax's weights sum to one: the summaries of 1 in 2 and 1 in 4 are equal.
-    torch.testing.assert_close(softmax[0], softmax[1])
-    # Pointwise: SiLU(score) / length, so the summary is the matched share's.
-    score = torch.tensor(4 / 2**0.5)
-    share = torch.nn.functional.silu(score) * torch.tensor([1 / 2, 1 / 4])
-    torch.testing.assert_close(pointwise[:, 0, 0], share)
-    with pytest.raises(ValueError, match="softmax or pointwise"):
-        TargetAwareAttention(2, 1, weights="sigmoid")  # type: ignore[arg-type]
-
-
-def test_pyramid_recent_tokens_follow_the_top_level() -> None:
-    torch.manual_seed(0)
-    plain = PyramidEncoder(D, PyramidConfig(num_levels=2, ratio=2))
-    recent = PyramidEncoder(D, PyramidConfig(num_levels=2, ratio=2, recent_tokens=4))
-    recent.load_state_dict(plain.state_dict())
-    values, target = seq(), torch.randn(B, D)
-    top = plain(JaggedTokens(values, OFFSETS, 9), target)
-    out = recent(JaggedTokens(values, OFFSETS, 9), target)
-    first_level = plain.levels[0](values, OFFSETS, 9, target).mixed
-    torch.testing.assert_close(out.summary, top.summary)
-    top_lengths = (top.tokens.offsets[1:] - top.tokens.offsets[:-1]).tolist()
-    expected = [
-        torch.cat([t, m[-4:]])
-        for t, m in zip(
-            top.tokens.values.split(top_lengths),
-            first_level.split(LENGTHS),
-            strict=True,
-        )
-    ]
-    torch.testing.assert_close(out.tokens.values, torch.cat(expected))
-    assert out.tokens.max_len == top.tokens.max_len + 4
-    with pytest.raises(ValueError, match="recent_tokens"):
-        PyramidEncoder(D, PyramidConfig(recent_tokens=-1))
 
 
 def test_sequence_concat_combine() -> None:

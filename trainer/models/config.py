@@ -50,9 +50,6 @@ class EmbeddingConfig:
         target_match_shared: add the match bit's own embedding too, shared by
             every time bucket and action (on by default: GEM captures more
             of a user's long-term interest with it, ``benchmarks/README.md``).
-        match_share: add a non-sequence token made from how many of the
-            window's events match the candidate's category, and out of how
-            many (:class:`trainer.modules.target_match.MatchShare`).
     """
 
     dim: int
@@ -63,7 +60,6 @@ class EmbeddingConfig:
     max_seq_len: int = 4096
     target_match: bool = True
     target_match_shared: bool = True
-    match_share: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -102,15 +98,6 @@ class PyramidConfig:
         window: causal local-attention window (tokens, incl. itself).
         num_heads: attention heads of every branch.
         num_seeds: PMA seed tokens per level.
-        target_weights: how the target-aware attention weighs the events:
-            ``"softmax"`` (weights sum to one per example) or ``"pointwise"``
-            (``SiLU(score) / L[b]`` per event, as HSTU; DIN also drops the
-            softmax), which keeps how *many* events match the candidate.
-        recent_tokens: InterFormer gets the first level's newest
-            ``recent_tokens`` tokens (before contraction) behind the top
-            level's contracted tokens, so the newest events keep their own
-            tokens while the older ones arrive summarised. ``0``: the top
-            level's tokens only.
     """
 
     enabled: bool = True
@@ -119,8 +106,6 @@ class PyramidConfig:
     window: int = 8
     num_heads: int = 1
     num_seeds: int = 2
-    target_weights: Literal["softmax", "pointwise"] = "softmax"
-    recent_tokens: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -341,6 +326,8 @@ def config_to_dict(config: ModelConfig) -> dict[str, Any]:
 # Fields a checkpoint's config may hold that no model here has: at these
 # values they select nothing, so they are dropped on load.
 INERT_FIELDS: Final[dict[str, dict[str, Any]]] = {
+    "embedding": {"match_share": False},
+    "pyramid": {"target_weights": "softmax", "recent_tokens": 0},
     "interformer": {
         "token_ffn": False,
         "quiet_pffn": False,

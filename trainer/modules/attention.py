@@ -125,7 +125,44 @@ class JaggedLocalAttention(nn.Module):
         return self.out(out.reshape(values.shape))
 
 
-class JaggedCrossAttention(nn.Module):
+class CrossAttentionProjections(nn.Module):
+    """The projections of a multi-head attention whose queries are not its tokens.
+
+    ``q`` maps the queries, a fused ``kv`` the jagged tokens, ``out`` the
+    result; subclasses attend with them (:class:`JaggedCrossAttention`,
+    :class:`trainer.modules.pyramid.TargetAwareAttention`).
+
+    Args:
+        dim: width ``D`` of queries and tokens.
+        num_heads: heads ``H``.
+        kernel: jagged-op implementation.
+
+    Shapes: :meth:`keys_values` of tokens (L, D) → keys, values (L, H, D / H).
+
+    Example:
+        >>> projections = CrossAttentionProjections(8, 2)
+        >>> [t.shape for t in projections.keys_values(torch.randn(3, 8))]
+        [torch.Size([3, 2, 4]), torch.Size([3, 2, 4])]
+    """
+
+    def __init__(
+        self, dim: int, num_heads: int, kernel: Kernel = Kernel.PYTORCH
+    ) -> None:
+        super().__init__()
+        self.heads = num_heads
+        self.kernel = kernel
+        self.q = nn.Linear(dim, dim)
+        self.kv = nn.Linear(dim, 2 * dim)
+        self.out = nn.Linear(dim, dim)
+
+    def keys_values(self, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values (L, H, D / H) of the jagged tokens (L, D)."""
+        total, dim = values.shape
+        k, v = self.kv(values).view(total, 2, self.heads, dim // self.heads).unbind(1)
+        return k, v
+
+
+class JaggedCrossAttention(CrossAttentionProjections):
     """Dense queries attend to their own example's jagged tokens (multi-head).
 
     Args:
@@ -143,16 +180,6 @@ class JaggedCrossAttention(nn.Module):
         torch.Size([3, 1, 8])
     """
 
-    def __init__(
-        self, dim: int, num_heads: int, kernel: Kernel = Kernel.PYTORCH
-    ) -> None:
-        super().__init__()
-        self.heads = num_heads
-        self.kernel = kernel
-        self.q = nn.Linear(dim, dim)
-        self.kv = nn.Linear(dim, 2 * dim)
-        self.out = nn.Linear(dim, dim)
-
     def forward(
         self,
         query: torch.Tensor,
@@ -163,11 +190,7 @@ class JaggedCrossAttention(nn.Module):
         """Attend."""
         batch, nq, dim = query.shape
         q = self.q(query).view(batch, nq, self.heads, -1)
-        k, v = (
-            self.kv(values)
-            .view(values.shape[0], 2, self.heads, dim // self.heads)
-            .unbind(1)
-        )
+        k, v = self.keys_values(values)
         out = jagged_cross_attention(q, k, v, offsets, max_len, self.kernel)
         return self.out(out.reshape(batch, nq, dim))
 

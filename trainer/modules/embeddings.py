@@ -40,7 +40,6 @@ from trainer.modules.mlp import mlp
 from trainer.modules.target_match import (
     CANDIDATE_CATEGORY,
     EVENT_CATEGORY,
-    MatchShare,
     TargetMatch,
 )
 from trainer.ops import (
@@ -367,12 +366,6 @@ class InputAdapter(nn.Module):
             else None
         )
         self.num_tokens = config.num_dense_tokens + len(SPARSE_FEATURES)
-        self.share = None
-        if use_sequences and config.match_share:
-            self.share = MatchShare(config.dim, config.max_seq_len)
-            self.num_tokens += 1
-        sequence_names = [f.name for f in SEQUENCE_FEATURES]
-        self.event_category_index = sequence_names.index(EVENT_CATEGORY)
 
     def forward(
         self,
@@ -392,10 +385,6 @@ class InputAdapter(nn.Module):
                 self.category_index
             ]  # key-major, one id per example
             seq = self.sequence(sequence, candidate)
-            if self.share is not None:
-                ids, offsets = history_ids(sequence)
-                share = self.share(ids[self.event_category_index], candidate, offsets)
-                tokens = torch.cat([tokens, share.unsqueeze(1)], dim=1)
         return InputTokens(tokens, target, seq)
 
 

@@ -7,8 +7,7 @@ reconstruction docs/model.md proposes. Each level runs parallel modules over the
 - (a) causal local-window self-attention (sequence order),
 - (b) target-aware attention with the candidate ad embedding as the query:
   a per-token re-weighting ``w_i · L[b] · V x_i`` (``w`` the softmax over the
-  example's tokens, so uniform attention is the identity scale; or, with
-  ``target_weights="pointwise"``, ``w_i = SiLU(score_i) / L[b]``) and a
+  example's tokens, so uniform attention is the identity scale) and a
   summary token ``Σ_i w_i V x_i``,
 - (c) PMA seed pooling into ``num_seeds`` summary tokens.
 
@@ -17,53 +16,43 @@ and LayerNorm, then the level's tokens contract ``T → ceil(T / r)`` by strided
 mean pooling aligned to the newest event. Every level contributes its
 ``1 + num_seeds`` summary tokens; the encoder returns them (B, levels·(1+K), D)
 together with the top level's jagged tokens, both of which feed InterFormer.
-With ``recent_tokens = k`` the jagged tokens are the top level's followed by
-the first level's ``k`` newest, uncontracted: the newest events keep a token
-each (what InterFormer's recent-token summary reads) while the older ones
-arrive summarised. Nothing pads the batch: all ops are jagged-native.
+Nothing pads the batch: all ops are jagged-native.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Literal, NamedTuple
+from typing import NamedTuple
 
 import torch
 from torch import nn
 
 from trainer.models.config import PyramidConfig
-from trainer.modules.attention import PMA, JaggedLocalAttention
+from trainer.modules.attention import (
+    PMA,
+    CrossAttentionProjections,
+    JaggedLocalAttention,
+)
 from trainer.ops import (
     JaggedTokens,
     Kernel,
-    jagged_concat,
     jagged_pool,
     jagged_softmax,
-    jagged_truncate_last,
     segment_ids,
     segment_sum,
 )
 
 
-class TargetAwareAttention(nn.Module):
+class TargetAwareAttention(CrossAttentionProjections):
     """Candidate-ad-as-query attention over the jagged tokens.
 
-    Two ways to weigh the events (``weights``):
-
-    - ``"softmax"``: the weights of an example sum to one, so the summary is
-      a weighted *mean*: three matching events among thirty look like one
-      among ten.
-    - ``"pointwise"``: ``w_i = SiLU(score_i) / L[b]``, HSTU's pointwise
-      aggregated attention normalised by the length (DIN drops the softmax
-      for the same reason): the summary grows with the share of events the
-      candidate scores highly, which is how strong the user's interest in
-      the candidate's topic is.
+    The weights of an example are a softmax over its tokens, so they sum to
+    one and the summary is a weighted *mean*.
 
     Args:
         dim: token width ``D``.
         num_heads: heads ``H``.
         kernel: jagged-op implementation.
-        weights: ``"softmax"`` or ``"pointwise"``.
 
     Shapes: target (B, D), values (L, D) jagged → per-token (L, D) and
     summary (B, 1, D). An empty sequence gives a zero summary.
@@ -76,23 +65,6 @@ class TargetAwareAttention(nn.Module):
         (torch.Size([3, 8]), torch.Size([3, 1, 8]))
     """
 
-    def __init__(
-        self,
-        dim: int,
-        num_heads: int,
-        kernel: Kernel = Kernel.PYTORCH,
-        weights: Literal["softmax", "pointwise"] = "softmax",
-    ) -> None:
-        super().__init__()
-        if weights not in ("softmax", "pointwise"):
-            raise ValueError(f"weights must be softmax or pointwise, not {weights!r}")
-        self.heads = num_heads
-        self.kernel = kernel
-        self.pointwise = weights == "pointwise"
-        self.q = nn.Linear(dim, dim)
-        self.kv = nn.Linear(dim, 2 * dim)
-        self.out = nn.Linear(dim, dim)
-
     def forward(
         self,
         target: torch.Tensor,
@@ -104,13 +76,10 @@ class TargetAwareAttention(nn.Module):
         total, dim = values.shape
         seg = segment_ids(offsets, total)
         q = self.q(target).view(-1, self.heads, dim // self.heads)  # (B, H, Dh)
-        k, v = self.kv(values).view(total, 2, self.heads, dim // self.heads).unbind(1)
+        k, v = self.keys_values(values)
         scores = (k * q[seg]).sum(-1) / math.sqrt(dim // self.heads)  # (L, H)
         lengths = (offsets[1:] - offsets[:-1]).to(values.dtype)[seg].unsqueeze(1)
-        if self.pointwise:
-            weights = nn.functional.silu(scores) / lengths
-        else:
-            weights = jagged_softmax(scores, offsets, max_len, self.kernel)
+        weights = jagged_softmax(scores, offsets, max_len, self.kernel)
         weighted = weights.unsqueeze(-1) * v  # (L, H, Dh)
         per_token = self.out((weighted * lengths.unsqueeze(-1)).reshape(total, dim))
         summary = segment_sum(weighted.reshape(total, dim), offsets)  # (B, D)
@@ -121,13 +90,11 @@ class LevelOutput(NamedTuple):
     """What one :class:`PyramidLevel` hands on.
 
     ``contracted``: the next level's jagged tokens; ``summary``:
-    (B, 1 + num_seeds, D); ``mixed``: this level's tokens before contraction
-    (L, D), with the input's offsets.
+    (B, 1 + num_seeds, D).
     """
 
     contracted: JaggedTokens
     summary: torch.Tensor
-    mixed: torch.Tensor
 
 
 class PyramidLevel(nn.Module):
@@ -139,16 +106,16 @@ class PyramidLevel(nn.Module):
         kernel: jagged-op implementation.
 
     Shapes: values (L, D) jagged, target (B, D) → :class:`LevelOutput` with
-    contracted jagged tokens (sum_b ceil(L[b]/r), D), summary
-    (B, 1 + num_seeds, D) and the uncontracted tokens (L, D).
+    contracted jagged tokens (sum_b ceil(L[b]/r), D) and summary
+    (B, 1 + num_seeds, D).
 
     Example:
         >>> from trainer.models.config import PyramidConfig
         >>> level = PyramidLevel(8, PyramidConfig(ratio=2, num_seeds=2))
         >>> out = level(
         ...     torch.randn(3, 8), torch.tensor([0, 2, 2, 3]), 2, torch.randn(3, 8))
-        >>> out.contracted.offsets.tolist(), out.summary.shape, out.mixed.shape
-        ([0, 1, 1, 2], torch.Size([3, 3, 8]), torch.Size([3, 8]))
+        >>> out.contracted.offsets.tolist(), out.summary.shape
+        ([0, 1, 1, 2], torch.Size([3, 3, 8]))
     """
 
     def __init__(
@@ -157,9 +124,7 @@ class PyramidLevel(nn.Module):
         super().__init__()
         self.ratio = config.ratio
         self.local = JaggedLocalAttention(dim, config.num_heads, config.window, kernel)
-        self.target = TargetAwareAttention(
-            dim, config.num_heads, kernel, config.target_weights
-        )
+        self.target = TargetAwareAttention(dim, config.num_heads, kernel)
         self.pma = PMA(dim, config.num_seeds, config.num_heads, kernel)
         self.combine = nn.Linear(2 * dim, dim)
         self.norm = nn.LayerNorm(dim)
@@ -178,12 +143,11 @@ class PyramidLevel(nn.Module):
         mixed = self.norm(values + self.combine(torch.cat([local, aware], dim=-1)))
         pooled, pooled_offsets = jagged_pool(mixed, offsets, self.ratio)
         contracted = JaggedTokens(pooled, pooled_offsets, -(-max_len // self.ratio))
-        return LevelOutput(contracted, torch.cat([target_summary, seeds], dim=1), mixed)
+        return LevelOutput(contracted, torch.cat([target_summary, seeds], dim=1))
 
 
 class PyramidOutput(NamedTuple):
-    """``tokens``: the top level's jagged tokens, then the first level's newest
-    ``recent_tokens``; ``summary``: (B, levels·(1+K), D)."""
+    """``tokens``: the top level's jagged tokens; ``summary``: (B, levels·(1+K), D)."""
 
     tokens: JaggedTokens
     summary: torch.Tensor
@@ -199,7 +163,7 @@ class PyramidEncoder(nn.Module):
 
     Shapes: jagged (L, D) + target (B, D) → :class:`PyramidOutput` with
     ``num_summary_tokens = levels · (1 + num_seeds)`` and
-    ``ceil(L[b] / r**levels) + min(L[b], recent_tokens)`` tokens per example.
+    ``ceil(L[b] / r**levels)`` tokens per example.
 
     Example:
         >>> from trainer.models.config import PyramidConfig
@@ -209,9 +173,6 @@ class PyramidEncoder(nn.Module):
         >>> out = enc(seq, torch.randn(2, 8))
         >>> out.tokens.offsets.tolist(), out.summary.shape
         ([0, 2, 2], torch.Size([2, 6, 8]))
-        >>> cfg = PyramidConfig(num_levels=2, ratio=2, recent_tokens=3)
-        >>> PyramidEncoder(8, cfg)(seq, torch.randn(2, 8)).tokens.offsets.tolist()
-        [0, 5, 5]
     """
 
     def __init__(
@@ -222,28 +183,12 @@ class PyramidEncoder(nn.Module):
             PyramidLevel(dim, config, kernel) for _ in range(config.num_levels)
         )
         self.num_summary_tokens = config.num_levels * (1 + config.num_seeds)
-        if config.recent_tokens < 0:
-            raise ValueError(f"recent_tokens must be >= 0, not {config.recent_tokens}")
-        self.recent_tokens = config.recent_tokens
 
     def forward(self, sequence: JaggedTokens, target: torch.Tensor) -> PyramidOutput:
         """Encode the history bottom-up."""
         summaries = []
-        recent: JaggedTokens | None = None
-        for depth, level in enumerate(self.levels):
+        for level in self.levels:
             out = level(sequence.values, sequence.offsets, sequence.max_len, target)
-            if depth == 0 and self.recent_tokens:
-                k = min(self.recent_tokens, sequence.max_len)
-                values, offsets = jagged_truncate_last(out.mixed, sequence.offsets, k)
-                recent = JaggedTokens(values, offsets, k)
             sequence = out.contracted
             summaries.append(out.summary)
-        if recent is not None:
-            # Summaries of the whole history first, then the newest events:
-            # InterFormer's rotary positions and recent-token readout both
-            # take the end of the sequence as "now".
-            values, offsets = jagged_concat(
-                sequence.values, sequence.offsets, recent.values, recent.offsets
-            )
-            sequence = JaggedTokens(values, offsets, sequence.max_len + recent.max_len)
         return PyramidOutput(sequence, torch.cat(summaries, dim=1))

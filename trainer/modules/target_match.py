@@ -1,10 +1,9 @@
-"""Whether a history's events match the candidate ad: the target-match signals.
+"""Whether a history's events match the candidate ad: the target-match signal.
 
 The candidate's declared category (sparse feature ``ad_creative_category``)
 and each event's category (sequence feature ``seq_category``) are ids of one
 vocabulary, so their equality says which events are about the candidate's
-topic. :class:`TargetMatch` puts that bit on every event token,
-:class:`MatchShare` makes one token of how many events match.
+topic. :class:`TargetMatch` puts that bit on every event token.
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ from torch import nn
 
 from features.registry import TIME_BUCKETS
 from features.vocab import ACTIONS
-from trainer.ops import positions, segment_ids, segment_sum
+from trainer.ops import segment_ids
 
 # One vocabulary, features.vocab.CATEGORIES (0 = missing).
 CANDIDATE_CATEGORY: Final = "ad_creative_category"
@@ -99,59 +98,3 @@ class TargetMatch(nn.Module):
         index = (same.long() * self.time_rows + time_bucket) * self.action_rows
         out = self.table(index + action)
         return out if self.same is None else out + self.same(same.long())
-
-
-class MatchShare(nn.Module):
-    """Per example: the window's events that match the candidate's category → (D,).
-
-    Why: attention normalizes counts away (a softmax over 3 matching events
-    of 30 looks like 1 of 10), and the mean pooling of :class:`TargetMatch`
-    embeddings keeps them only through learned weights. A user's long-term
-    interest in a topic is exactly such a share (the generator's
-    ``theta_u[topic]``, drawn per session), so this token gives the model the
-    matched count, the share and the window's length, as DIN-era counting
-    features did. Counted over the ``max_seq_len`` newest events, the window
-    the sequence tokens cover. Ids, not hashes, are compared (as in
-    :class:`TargetMatch`).
-
-    Args:
-        dim: token width ``D``.
-        max_seq_len: the window (newest events) that is counted.
-
-    Shapes: event categories (L,) jagged by offsets (B + 1,), the candidate's
-    category (B,) → (B, D).
-
-    Example:
-        >>> share = MatchShare(4, max_seq_len=2)
-        >>> share(torch.tensor([3, 5, 3]), torch.tensor([3, 0]),
-        ...       torch.tensor([0, 3, 3])).shape
-        torch.Size([2, 4])
-    """
-
-    def __init__(self, dim: int, max_seq_len: int) -> None:
-        super().__init__()
-        self.max_seq_len = max_seq_len
-        self.proj = nn.Linear(3, dim)
-
-    def counts(
-        self, category: torch.Tensor, candidate: torch.Tensor, offsets: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(matching events, events) in each example's window, float (B,)."""
-        total = category.numel()
-        seg = segment_ids(offsets, total)
-        lengths = offsets[1:] - offsets[:-1]
-        in_window = positions(offsets, total) >= (lengths - self.max_seq_len)[seg]
-        same = matches_candidate(category, candidate, seg) & in_window
-        matched = segment_sum(same.float().unsqueeze(1), offsets).squeeze(1)
-        return matched, lengths.clamp(max=self.max_seq_len).float()
-
-    def forward(
-        self, category: torch.Tensor, candidate: torch.Tensor, offsets: torch.Tensor
-    ) -> torch.Tensor:
-        """The share token of every example."""
-        matched, events = self.counts(category, candidate, offsets)
-        features = torch.stack(
-            [matched / events.clamp(min=1), torch.log1p(matched), torch.log1p(events)],
-            dim=1,
-        )
-        return self.proj(features)

@@ -49,7 +49,20 @@ THREADS_HELP: Final = "torch intra-op threads"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class FitConfig:
+class ModelRunConfig:
+    """What every run that trains a model is told: the model, its size, threads."""
+
+    model: str = field(
+        default="gem", metadata=flag("model to train", choices=MODEL_NAMES)
+    )
+    preset: str = field(
+        default=DEFAULT_PRESET, metadata=flag(PRESET_HELP, choices=PRESET_NAMES)
+    )
+    threads: int = field(default=1, metadata=flag(THREADS_HELP, type=positive_int))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class FitConfig(ModelRunConfig):
     """One offline run: data, model, schedule (``python -m trainer.fit``)."""
 
     train: Path = field(metadata=flag("feature-job output to train on"))
@@ -62,12 +75,6 @@ class FitConfig:
             "feature-job output scored after every epoch; the epoch with the "
             "lowest overall click NE is the one evaluated"
         ),
-    )
-    model: str = field(
-        default="gem", metadata=flag("model to train", choices=MODEL_NAMES)
-    )
-    preset: str = field(
-        default=DEFAULT_PRESET, metadata=flag(PRESET_HELP, choices=PRESET_NAMES)
     )
     epochs: int = field(
         default=1, metadata=flag("passes over --train", type=positive_int)
@@ -114,7 +121,6 @@ class FitConfig:
     validation_sample: int | None = None  # score a fixed sample of it (None: all)
     train_ne_sample: int = 10_000  # train examples scored after each epoch
     seed: int = field(default=0, metadata=flag("model init and epoch order"))
-    threads: int = field(default=1, metadata=flag(THREADS_HELP, type=positive_int))
     device: str = field(
         default="auto", metadata=flag("auto (cuda if torch sees one) | cpu | cuda[:N]")
     )
@@ -149,7 +155,7 @@ class FitConfig:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class DaemonConfig:
+class DaemonConfig(ModelRunConfig):
     """One daemon run (``python -m trainer.daemon``)."""
 
     topic: str = field(metadata=flag("topic of example messages to train from"))
@@ -158,12 +164,6 @@ class DaemonConfig:
         metadata=flag("Kafka consumer group (every rank of a run joins it)"),
     )
     checkpoint_dir: Path = field(metadata=flag("checkpoints: resumed from, written to"))
-    model: str = field(
-        default="gem", metadata=flag("model to train", choices=MODEL_NAMES)
-    )
-    preset: str = field(
-        default=DEFAULT_PRESET, metadata=flag(PRESET_HELP, choices=PRESET_NAMES)
-    )
     lr: float = field(default=1e-3, metadata=flag("learning rate", type=positive_float))
     seed: int = field(default=0, metadata=flag("model init"))
     checkpoint_every: int = field(
@@ -261,4 +261,3 @@ class DaemonConfig:
         default=MIN_SHARDED_ROWS,
         metadata=flag("model-parallel: pooled tables with fewer rows stay replicated"),
     )
-    threads: int = field(default=1, metadata=flag(THREADS_HELP, type=positive_int))
