@@ -86,6 +86,7 @@ from trainer.distill.sharing import read_checkpoint, teacher_tables
 from trainer.distill.student_data import StudentData
 from trainer.distill.student_trainer import predict_student, train_student
 from trainer.distill.teacher import train_teacher
+from trainer.metrics.reporting import save_png
 from trainer.models.config import tiny
 from trainer.training.checkpoint import list_checkpoints
 
@@ -728,10 +729,7 @@ def plot_freshness(result: dict[str, Any], path: Path) -> None:
         ax.set_title(f"{d}: click calibration, teacher frozen")
         ax.set_ylabel("Σ predicted / Σ true p (dashed: / Σ clicks)")
         ax.legend(fontsize="x-small")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_png(fig, path, dpi=110)
 
 
 def _f(x: float | None, spec: str = ".4f") -> str:

@@ -31,13 +31,28 @@ def step_seconds(optimizer: torch.optim.Optimizer, steps: int) -> list[float]:
     return times
 
 
-def main(argv: list[str] | None = None) -> dict[str, object]:
-    """Run the comparison and print one JSON line."""
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_optimizer")
+def step_timing_parser(prog: str, *, steps: int) -> argparse.ArgumentParser:
+    """The flags of a per-step timing of a model preset: the model, its preset,
+    the steps timed (default ``steps``) and torch's CPU threads."""
+    parser = argparse.ArgumentParser(prog=prog)
     parser.add_argument("--model", default="gem")
     parser.add_argument("--preset", default="default")
-    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--steps", type=int, default=steps)
     parser.add_argument("--threads", type=int, default=1)
+    return parser
+
+
+def timed_on(args: argparse.Namespace) -> dict[str, str]:
+    """The report's machine (with torch's thread count) and model entries."""
+    return {
+        "machine": f"{cpu_model()}, {torch.get_num_threads()} thread(s)",
+        "model": f"{args.model}/{args.preset}",
+    }
+
+
+def main(argv: list[str] | None = None) -> dict[str, object]:
+    """Run the comparison and print one JSON line."""
+    parser = step_timing_parser("python -m benchmarks.bench_optimizer", steps=20)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -52,8 +67,7 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
         fused_times += step_seconds(fused, args.steps // 2)
     loop_s, fused_s = statistics.median(loop_times), statistics.median(fused_times)
     report = {
-        "machine": f"{cpu_model()}, {torch.get_num_threads()} thread(s)",
-        "model": f"{args.model}/{args.preset}",
+        **timed_on(args),
         "parameters": sum(p.numel() for p in params),
         "per_tensor_loop_s": round(loop_s, 4),
         "fused_s": round(fused_s, 4),

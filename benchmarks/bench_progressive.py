@@ -12,7 +12,6 @@ noisy machine; both feed the same
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import time
@@ -20,8 +19,8 @@ from collections.abc import Callable
 
 import torch
 
+from benchmarks.bench_optimizer import step_timing_parser, timed_on
 from benchmarks.generated import example_chunks, generated_reference
-from benchmarks.machine import cpu_model
 from pipelines.sources.synthetic import GeneratorConfig
 from trainer.data.batch import Batch
 from trainer.data.inputs import make_batch
@@ -70,13 +69,9 @@ def step_seconds(
 
 def main(argv: list[str] | None = None) -> dict[str, object]:
     """Run the comparison and print one JSON line."""
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_progressive")
-    parser.add_argument("--model", default="gem")
-    parser.add_argument("--preset", default="default")
-    parser.add_argument("--steps", type=int, default=40)
+    parser = step_timing_parser("python -m benchmarks.bench_progressive", steps=40)
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--max-seq-len", type=int, default=32)
-    parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     work = batches(args.steps + 2, args.batch_size, args.max_seq_len)
@@ -98,8 +93,7 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     two_s = statistics.median(times["two_forwards"])
     one_s = statistics.median(times["one_forward"])
     report = {
-        "machine": f"{cpu_model()}, {torch.get_num_threads()} thread(s)",
-        "model": f"{args.model}/{args.preset}",
+        **timed_on(args),
         "batch": f"{args.batch_size} examples, histories up to {args.max_seq_len}",
         "eval_forward_then_step_s": round(two_s, 4),
         "step_scores_s": round(one_s, 4),

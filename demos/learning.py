@@ -110,6 +110,8 @@ def plot_learning(
     matplotlib.use("Agg")  # no display needed
     import matplotlib.pyplot as plt
 
+    from trainer.metrics.reporting import save_png
+
     start = records[0]["time"] if records else 0.0
     fig, ax = plt.subplots(figsize=(7, 4))
     for scope, label, style in (
@@ -137,8 +139,4 @@ def plot_learning(
     ax.set_ylabel("click NE, all domains")
     ax.set_title(title)
     ax.legend(fontsize="small")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
-    return path
+    return save_png(fig, path)

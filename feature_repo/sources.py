@@ -111,11 +111,6 @@ def make_sources(directory: Path) -> dict[str, DataSource]:
     return sources
 
 
+# No module-level name per source: `feast apply` registers each one through
+# the view that reads it (views.py), its push source and the file beneath.
 SOURCES: Final = make_sources(features_dir())
-
-user_profile_source = SOURCES["user_profile"]
-ad_profile_source = SOURCES["ad_profile"]
-user_counters_push_source = SOURCES["user_counters"]
-ad_counters_push_source = SOURCES["ad_counters"]
-advertiser_counters_push_source = SOURCES["advertiser_counters"]
-user_sequence_push_source = SOURCES["user_sequence"]

@@ -4,7 +4,8 @@
 session, or, when ``GEM_KAFKA_BOOTSTRAP`` is set, uses that cluster instead.
 ``kafka_topic`` makes a fresh topic per test, which keeps tests independent on
 one broker. ``reference`` is the tiny generated set the daemon tests train on,
-and ``feed`` puts the three together (:mod:`tests.example_feed`).
+and ``feed`` puts the three together (:mod:`tests.example_feed`). ``dataset``
+is the synthetic data set of the requesting module's ``CONFIG``.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import pytest
 from features.kafka import KafkaSettings, ensure_topics
 from launchers.kafka_broker import EmbeddedKafka
 from pipelines.core.reference import ReferenceOutput
+from pipelines.sources.synthetic import generate_dataset
 from tests.example_feed import ExampleFeed, tiny_reference
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -65,3 +67,15 @@ def feed(
 ) -> ExampleFeed:
     """The session's broker, fresh topics on it and the tiny set's messages."""
     return ExampleFeed(kafka_settings, kafka_topic, tiny_reference())
+
+
+@pytest.fixture(scope="module")
+def dataset(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Path:
+    """The data set the generator writes for the test module's ``CONFIG``
+    (a :class:`~pipelines.sources.synthetic.GeneratorConfig`), once per module;
+    a module may define its own."""
+    root = tmp_path_factory.mktemp("dataset")
+    generate_dataset(request.module.CONFIG, root)
+    return root

@@ -15,16 +15,9 @@ import pytest
 from features import vocab
 from features.metrics import binary_metrics
 from pipelines.sources import bayes
-from pipelines.sources.synthetic import GeneratorConfig, generate_dataset
+from pipelines.sources.synthetic import GeneratorConfig
 
 CONFIG = GeneratorConfig(users=12000, ads=1000, days=2, seed=21)
-
-
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("bayes")
-    generate_dataset(CONFIG, out)
-    return out
 
 
 @pytest.fixture(scope="module")

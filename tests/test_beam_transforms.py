@@ -98,26 +98,31 @@ EVENTS = events_from_records(
         _ad("x9", T0 + 50, 2, "conversion", impression_id="i3"),
     ]
 )
+
+
+def _user(
+    user: int,
+    age: int,
+    gender: str,
+    location: str,
+    device: str,
+    updated_at: int = T0 - 10**9,
+) -> dict[str, Any]:
+    return {
+        "user_id": user,
+        "age": age,
+        "gender": gender,
+        "location": location,
+        "device": device,
+        "signup_time": T0 - 10**9,
+        "updated_at": updated_at,
+    }
+
+
 USERS = pa.Table.from_pylist(
     [
-        {
-            "user_id": 1,
-            "age": 30,
-            "gender": "female",
-            "location": "US-01",
-            "device": "ios",
-            "signup_time": T0 - 10**9,
-            "updated_at": T0 - 10**9,
-        },
-        {
-            "user_id": 2,
-            "age": 70,
-            "gender": "male",
-            "location": "US-02",
-            "device": "web",
-            "signup_time": T0 - 10**9,
-            "updated_at": T0 + 6,
-        },
+        _user(1, 30, "female", "US-01", "ios"),
+        _user(2, 70, "male", "US-02", "web", updated_at=T0 + 6),
     ],
     schema=USER_SCHEMA,
 )
@@ -215,12 +220,18 @@ def test_dedupe_and_timelines() -> None:
     p.run().wait_until_finish()
 
 
-def test_count_engagement_and_build_examples() -> None:
-    p = _pipeline()
+def _counters_and_examples(p: beam.Pipeline) -> tuple[Any, beam.PCollection]:
+    """The sample deduplicated, counted and built into examples (with the
+    users and ads) in ``p``: the counters' outputs and the examples."""
     users, ads = _table(p, "Users", USERS), _table(p, "Ads", ADS)
     events = _table(p, "Events", EVENTS) | DedupeEvents(shards=2)
     counters = events | CountEngagement(shards=2)
-    examples = events | BuildExamples(counters[EXAMPLE_COUNTERS], users, ads)
+    return counters, events | BuildExamples(counters[EXAMPLE_COUNTERS], users, ads)
+
+
+def test_count_engagement_and_build_examples() -> None:
+    p = _pipeline()
+    counters, examples = _counters_and_examples(p)
     rows = examples | beam.FlatMap(
         lambda e: [
             (
@@ -577,10 +588,7 @@ def test_dead_letter_lines_keep_the_bytes_and_where_they_came_from() -> None:
 def test_every_shuffle_carries_ipc_bytes_not_pickles() -> None:
     """Each GroupByKey's input coder is (int | str key, bytes-bearing value)."""
     p = _pipeline()
-    users, ads = _table(p, "Users", USERS), _table(p, "Ads", ADS)
-    events = _table(p, "Events", EVENTS) | DedupeEvents(shards=2)
-    counters = events | CountEngagement(shards=2)
-    _ = events | BuildExamples(counters[EXAMPLE_COUNTERS], users, ads)
+    _counters_and_examples(p)
     shuffled: list[str] = []
 
     class Visitor(beam.pipeline.PipelineVisitor):  # type: ignore[misc]

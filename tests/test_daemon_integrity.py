@@ -22,13 +22,14 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
 from features.kafka import KafkaSettings
 from features.kafka.topics import topic_records
-from tests.example_feed import PER_MESSAGE, ExampleFeed
+from tests.example_feed import PER_MESSAGE, ExampleFeed, Sent
 from tests.test_daemon import applied_chain
 from tests.test_daemon_faults import (
     REPO,
@@ -66,6 +67,22 @@ def run_to_drain(
         [sys.executable, "-m", "trainer.daemon", *command],
         cwd=REPO, env=environment, capture_output=True, text=True, timeout=180,
     )  # fmt: skip
+
+
+def assert_lineage_holds_each_once(
+    directory: Path, checkpoints: Path, sent: Sent, steps: int
+) -> dict[str, Any]:
+    """The applied-offsets log under ``directory`` along the surviving lineage
+    of ``checkpoints`` holds each record ``sent`` once, and the newest
+    checkpoint is at ``steps`` steps of as many records; its state."""
+    assert sorted(applied_chain(directory / "applied.jsonl", checkpoints)) == (
+        sorted(sent)
+    )
+    loaded = load_latest(checkpoints)
+    assert loaded is not None
+    state = loaded[0]
+    assert (state["step"], state["records"]) == (steps, steps)
+    return state
 
 
 def flip_bit_in_embedding_table(path: Path) -> str:
@@ -131,13 +148,7 @@ def test_damaged_newest_checkpoint_falls_back_exactly_once(
     assert newest.with_name(newest.name + CORRUPT_SUFFIX).exists()
     # Records 8 and 9 were applied in the lost checkpoint and again after the
     # fall-back: the surviving lineage holds each record of the topic once.
-    assert sorted(applied_chain(tmp_path / "applied.jsonl", tmp_path / "ckpt")) == (
-        sorted(sent)
-    )
-    loaded = load_latest(tmp_path / "ckpt")
-    assert loaded is not None
-    state = loaded[0]
-    assert (state["step"], state["records"]) == (20, 20)
+    state = assert_lineage_holds_each_once(tmp_path, tmp_path / "ckpt", sent, 20)
     assert state["examples"] == 20 * PER_MESSAGE
 
 
@@ -438,12 +449,7 @@ def test_daemon_on_a_full_disk_keeps_its_last_checkpoint_and_says_so(
     rest = run_to_drain(feed.settings, topic, "g-full", tmp_path, "--keep", "1")
     assert rest.returncode == 0, rest.stderr[-3000:]
     assert f"resumed from {kept}" in rest.stderr
-    assert sorted(applied_chain(tmp_path / "applied.jsonl", small_filesystem)) == (
-        sorted(sent)
-    )
-    final = load_latest(small_filesystem)
-    assert final is not None
-    assert (final[0]["step"], final[0]["records"]) == (12, 12)
+    assert_lineage_holds_each_once(tmp_path, small_filesystem, sent, 12)
 
 
 def test_metrics_endpoint_listens_on_loopback_by_default() -> None:

@@ -44,7 +44,10 @@ def split(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, int]:
     return root / "train", root / "eval", cut
 
 
-def _run(train: Path, evals: Path, out: Path, *extra: str) -> dict:
+def _run(split: tuple[Path, Path, int], out: Path, *extra: str) -> dict:
+    """``trainer.fit`` on ``split``'s train and eval dirs, with the fast flags;
+    the metrics report it wrote to ``out``."""
+    train, evals, _ = split
     argv = ["--train", str(train), "--eval", str(evals), "--metrics-out", str(out)]
     assert fit_command.main([*argv, *FAST, *extra]) == 0
     return json.loads(out.read_text())
@@ -74,17 +77,8 @@ def test_dataset_batches_cover_every_example_once(
 def test_fit_writes_every_task_and_loss_decreases(
     split: tuple[Path, Path, int], tmp_path: Path
 ) -> None:
-    train, evals, _ = split
     report = _run(
-        train,
-        evals,
-        tmp_path / "m.json",
-        "--model",
-        "gem",
-        "--epochs",
-        "4",
-        "--lr",
-        "3e-3",
+        split, tmp_path / "m.json", *("--model", "gem", "--epochs", "4", "--lr", "3e-3")
     )
     losses = report["train"]["epoch_loss"]
     assert losses[-1] < losses[0]
@@ -103,10 +97,9 @@ def test_validation_selects_the_epoch_that_is_evaluated(
 ) -> None:
     """With the eval dir as the (whole) validation set, the reported eval NE
     must be the best per-epoch validation NE: the best state was restored."""
-    train, evals, _ = split
+    _, evals, _ = split
     report = _run(
-        train,
-        evals,
+        split,
         tmp_path / "v.json",
         *("--model", "dlrm", "--epochs", "3", "--lr", "2e-2"),
         *("--validation", str(evals)),
@@ -124,10 +117,8 @@ def test_validation_selects_the_epoch_that_is_evaluated(
 def test_time_limit_stops_before_the_next_epoch(
     split: tuple[Path, Path, int], tmp_path: Path
 ) -> None:
-    train, evals, _ = split
     report = _run(
-        train,
-        evals,
+        split,
         tmp_path / "t.json",
         *("--model", "dlrm", "--epochs", "3", "--max-steps-per-epoch", "2"),
         *("--max-train-seconds", "0", "--device", "cpu"),
@@ -186,7 +177,6 @@ def test_fit_trainer_state_resumes_the_same_run(
 def test_cosine_schedule_anneals_every_step_to_zero(
     split: tuple[Path, Path, int], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    train, evals, _ = split
     seen_lrs: list[float] = []
     real_step = fit_trainer.train_step
 
@@ -196,8 +186,7 @@ def test_cosine_schedule_anneals_every_step_to_zero(
 
     monkeypatch.setattr(fit_trainer, "train_step", recording_step)
     _run(
-        train,
-        evals,
+        split,
         tmp_path / "c.json",
         *("--model", "dlrm", "--epochs", "2", "--max-steps-per-epoch", "2"),
         *("--lr", "0.01", "--lr-schedule", "cosine", "--device", "cpu"),
@@ -227,8 +216,10 @@ def test_recalibration_calibrates_the_validation_period_and_keeps_rankings(
         *("--model", "dlrm", "--epochs", "1", "--max-steps-per-epoch", "3"),
         *("--lr", "2e-2", "--validation", str(evals)),
     )
-    plain = _run(train, evals, tmp_path / "p.json", *common)
-    recalibrated = _run(train, evals, tmp_path / "r.json", *common, "--recalibrate")
+    plain = _run((train, evals, cut), tmp_path / "p.json", *common)
+    recalibrated = _run(
+        (train, evals, cut), tmp_path / "r.json", *common, "--recalibrate"
+    )
     shifts = recalibrated["train"]["recalibration_shifts"]
     assert any(abs(v) > 1e-3 for v in shifts.values())
     checked = 0
@@ -307,10 +298,9 @@ def test_paired_bootstrap_orders_models() -> None:
 
 
 def test_fit_is_deterministic(split: tuple[Path, Path, int], tmp_path: Path) -> None:
-    train, evals, _ = split
     args = ("--model", "gem", "--epochs", "2", "--seed", "5")
-    a = _run(train, evals, tmp_path / "a.json", *args)
-    b = _run(train, evals, tmp_path / "b.json", *args)
+    a = _run(split, tmp_path / "a.json", *args)
+    b = _run(split, tmp_path / "b.json", *args)
     assert a["by_task"] == b["by_task"]
     assert a["train"]["epoch_loss"] == b["train"]["epoch_loss"]
 
@@ -321,12 +311,9 @@ def test_compiled_fit_trains_the_same_model(
     """``--compile``: dynamo + AOT autograd (aot_eager: no code generation)
     trace the same arithmetic as eager mode. DLRM keeps the compile short; GEM's
     own graph is checked in test_compile.py and test_model_gem.py."""
-    train, evals, _ = split
     args = ("--model", "dlrm", "--max-steps-per-epoch", "4", "--seed", "3")
-    eager = _run(train, evals, tmp_path / "eager.json", *args)
-    compiled = _run(
-        train, evals, tmp_path / "compiled.json", *args, "--compile", "aot_eager"
-    )
+    eager = _run(split, tmp_path / "eager.json", *args)
+    compiled = _run(split, tmp_path / "compiled.json", *args, "--compile", "aot_eager")
     assert compiled["config"]["fit"]["compile"] == "aot_eager"
     assert compiled["train"]["epoch_loss"] == pytest.approx(
         eager["train"]["epoch_loss"], rel=1e-4

@@ -1,14 +1,15 @@
 """Hostile event input: every reader dead-letters it, keeps the evidence, goes on.
 
-Each hostile payload below once stopped a reader with a traceback (recursion,
-integer conversion, int64 overflow building a table, a lone surrogate failing
-to encode). Here each one goes through every path that reads events from
-outside: :func:`features.events.decode_event`, the batch job on JSONL and
-Parquet files, the reference on the same files, the Beam job's events-topic
-reader, :func:`pipelines.sources.event_stream.read_events` and the streaming job's
-reader, on a real broker. Each path must count ``read = valid + dead
-letters``, and each dead letter must hold the original bytes, where they came
-from (file and line or row, or topic, partition and offset) and the reason.
+Each hostile payload below can stop a careless reader with a traceback
+(recursion, integer conversion, int64 overflow building a table, a lone
+surrogate failing to encode). Here each one goes through every path that reads
+events from outside: :func:`features.events.decode_event`, the batch job on
+JSONL and Parquet files, the reference on the same files, the Beam job's
+events-topic reader, :func:`pipelines.sources.event_stream.read_events` and
+the streaming job's reader, on a real broker. Each path must count ``read =
+valid + dead letters``, and each dead letter must hold the original bytes,
+where they came from (file and line or row, or topic, partition and offset)
+and the reason.
 """
 
 from __future__ import annotations
@@ -43,11 +44,7 @@ from pipelines import build
 from pipelines import reference as reference_command
 from pipelines.core.event_files import row_payloads
 from pipelines.sources.event_stream import publish_raw, read_events
-from pipelines.sources.synthetic import (
-    GeneratorConfig,
-    generate_dataset,
-    validation_now_ms,
-)
+from pipelines.sources.synthetic import GeneratorConfig, validation_now_ms
 from pipelines.sources.synthetic.writer import read_events as read_generated
 
 CONFIG = GeneratorConfig(users=20, ads=6, days=1, seed=11)
@@ -145,13 +142,6 @@ def hostile_payloads(good: dict[str, Any]) -> list[tuple[str, bytes, str]]:
             "unknown field(s) 'kkkk",
         ),
     ]
-
-
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("gen")
-    generate_dataset(CONFIG, root)
-    return root
 
 
 @pytest.fixture(scope="module")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -37,6 +38,30 @@ def dense_attention(
     return torch.einsum("hqk,khd->qhd", torch.softmax(scores, -1), v)
 
 
+def causal_band(n: int, window: int) -> torch.Tensor:
+    """(n, n) mask: each position sees itself and the ``window - 1`` before it."""
+    i = torch.arange(n)
+    return (i[None, :] <= i[:, None]) & (i[None, :] > i[:, None] - window)
+
+
+def per_sequence_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    lengths: list[int],
+    mask: Callable[[int], torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """Jagged (T, H, Dh) attention one sequence at a time, dense, each with
+    ``mask(n)`` for its length ``n`` (None: unmasked); empty ones stay empty."""
+    outs = [
+        dense_attention(qs, ks, vs, mask(qs.shape[0]) if mask else None)
+        if qs.shape[0]
+        else qs
+        for qs, ks, vs in zip(*(split(t, lengths) for t in (q, k, v)), strict=True)
+    ]
+    return torch.cat(outs)
+
+
 def qkv(total: int, heads: int = 2, dh: int = 4) -> list[torch.Tensor]:
     return [torch.randn(total, heads, dh) for _ in range(3)]
 
@@ -45,19 +70,11 @@ def qkv(total: int, heads: int = 2, dh: int = 4) -> list[torch.Tensor]:
 @given(lengths=LENGTHS, window=st.integers(1, 6))
 def test_local_attention(lengths: list[int], window: int) -> None:
     offsets = offsets_of(lengths)
-
-    def oracle(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        outs = []
-        for qs, ks, vs in zip(*(split(t, lengths) for t in (q, k, v)), strict=True):
-            n = qs.shape[0]
-            i = torch.arange(n)
-            band = (i[None, :] <= i[:, None]) & (i[None, :] > i[:, None] - window)
-            outs.append(dense_attention(qs, ks, vs, band) if n else qs)
-        return torch.cat(outs)
-
     assert_same_with_grads(
         lambda q, k, v: jagged_local_attention(q, k, v, offsets, window),
-        oracle,
+        lambda q, k, v: per_sequence_attention(
+            q, k, v, lengths, lambda n: causal_band(n, window)
+        ),
         *qkv(sum(lengths)),
     )
 
@@ -100,17 +117,9 @@ def test_cross_attention(kernel: Kernel, lengths: list[int], nq: int) -> None:
 def test_self_attention(kernel: Kernel, lengths: list[int], extra: int) -> None:
     offsets = offsets_of(lengths)
     max_len = max(lengths) + extra  # extra padding inside the op must not matter
-
-    def oracle(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        parts = [
-            dense_attention(qs, ks, vs, None) if qs.shape[0] else qs
-            for qs, ks, vs in zip(*(split(t, lengths) for t in (q, k, v)), strict=True)
-        ]
-        return torch.cat(parts)
-
     assert_same_with_grads(
         lambda q, k, v: jagged_self_attention(q, k, v, offsets, max_len, kernel),
-        oracle,
+        lambda q, k, v: per_sequence_attention(q, k, v, lengths),
         *qkv(sum(lengths)),
     )
 
@@ -119,9 +128,7 @@ def test_long_history_attention() -> None:
     offsets = offsets_of(LONG)
     q, k, v = qkv(sum(LONG), heads=1, dh=2)
     local = jagged_local_attention(q, k, v, offsets, window=4)
-    i = torch.arange(4096)
-    band = (i[None, :] <= i[:, None]) & (i[None, :] > i[:, None] - 4)
-    expected = dense_attention(q[:4096], k[:4096], v[:4096], band)
+    expected = dense_attention(q[:4096], k[:4096], v[:4096], causal_band(4096, 4))
     torch.testing.assert_close(local[:4096], expected, atol=1e-5, rtol=1e-4)
     query = torch.randn(3, 2, 1, 2)
     cross = jagged_cross_attention(query, k, v, offsets, 4096)

@@ -44,6 +44,13 @@ def offsets_of(lengths: Sequence[int]) -> torch.Tensor:
     )
 
 
+def random_jagged(
+    lengths: Sequence[int], width: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random jagged values of ``width`` columns for ``lengths``, and their offsets."""
+    return torch.randn(sum(lengths), width), offsets_of(lengths)
+
+
 def split(values: torch.Tensor, lengths: Sequence[int]) -> list[torch.Tensor]:
     return list(values.split(list(lengths)))
 
@@ -93,8 +100,7 @@ def test_fbgemm_lookup_is_lazy_and_device_aware() -> None:
 @SETTINGS
 @given(lengths=LENGTHS, pad=st.floats(-5, 5))
 def test_padded_round_trip(kernel: Kernel, lengths: list[int], pad: float) -> None:
-    values = torch.randn(sum(lengths), 3)
-    offsets = offsets_of(lengths)
+    values, offsets = random_jagged(lengths, 3)
     max_len = max(lengths) + 1
 
     def oracle(v: torch.Tensor) -> torch.Tensor:
@@ -134,8 +140,7 @@ def test_jagged_softmax(kernel: Kernel, lengths: list[int], heads: int) -> None:
 @SETTINGS
 @given(lengths=LENGTHS)
 def test_segment_sum(lengths: list[int]) -> None:
-    values = torch.randn(sum(lengths), 2)
-    offsets = offsets_of(lengths)
+    values, offsets = random_jagged(lengths, 2)
     assert_same_with_grads(
         lambda v: segment_sum(v, offsets),
         lambda v: torch.stack([s.sum(0) for s in split(v, lengths)]),
@@ -147,9 +152,8 @@ def test_segment_sum(lengths: list[int]) -> None:
 @SETTINGS
 @given(lengths=LENGTHS, k=st.integers(1, 4))
 def test_jagged_dense_bmm(kernel: Kernel, lengths: list[int], k: int) -> None:
-    values = torch.randn(sum(lengths), k)
+    values, offsets = random_jagged(lengths, k)
     dense = torch.randn(len(lengths), k, 3)
-    offsets = offsets_of(lengths)
 
     def oracle(v: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
         return torch.cat([s @ d[b] for b, s in enumerate(split(v, lengths))])
@@ -165,8 +169,7 @@ def test_jagged_dense_bmm(kernel: Kernel, lengths: list[int], k: int) -> None:
 @SETTINGS
 @given(lengths=LENGTHS, ratio=st.integers(1, 5))
 def test_jagged_pool(lengths: list[int], ratio: int) -> None:
-    values = torch.randn(sum(lengths), 2)
-    offsets = offsets_of(lengths)
+    values, offsets = random_jagged(lengths, 2)
 
     def oracle_one(s: torch.Tensor) -> torch.Tensor:
         # Groups of `ratio` counted from the newest token; the oldest may be short.
@@ -190,9 +193,8 @@ def test_jagged_pool(lengths: list[int], ratio: int) -> None:
 @SETTINGS
 @given(lengths=LENGTHS, p=st.integers(1, 3))
 def test_jagged_prepend(lengths: list[int], p: int) -> None:
-    values = torch.randn(sum(lengths), 2)
+    values, offsets = random_jagged(lengths, 2)
     prefix = torch.randn(len(lengths), p, 2)
-    offsets = offsets_of(lengths)
     _, new_offsets = jagged_prepend(prefix, values, offsets)
     assert new_offsets.tolist() == offsets_of([n + p for n in lengths]).tolist()
     assert_same_with_grads(
@@ -250,8 +252,7 @@ def test_jagged_concat(lengths: list[int], data: st.DataObject) -> None:
 @SETTINGS
 @given(lengths=LENGTHS, k=st.integers(1, 5))
 def test_last_first_and_truncate(lengths: list[int], k: int) -> None:
-    values = torch.randn(sum(lengths), 2)
-    offsets = offsets_of(lengths)
+    values, offsets = random_jagged(lengths, 2)
 
     def last_oracle(v: torch.Tensor) -> torch.Tensor:
         rows = []

@@ -237,11 +237,7 @@ class Reporter:
             ax.set_title(f"{domain}: progressive NE")
             ax.set_xlabel("step")
             ax.legend(fontsize="small")
-        fig.tight_layout()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=80)
-        plt.close(fig)
-        return path
+        return save_png(fig, path)
 
     def close(self) -> None:
         """Flush and close every sink (and stop serving ``/metrics``)."""
@@ -254,3 +250,15 @@ class Reporter:
             self._tb.close()
         if self._bar is not None:
             self._bar.close()
+
+
+def save_png(fig: Any, path: Path, dpi: int = 80) -> Path:
+    """Lay ``fig`` (a matplotlib figure) out, write it to ``path`` as a PNG
+    (making its folder) and close it; ``path``."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+    return path

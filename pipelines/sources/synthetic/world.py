@@ -309,6 +309,12 @@ def _content_sampler(contents: Contents) -> SegmentSampler:
     )
 
 
+def _dimension_table(schema: pa.Schema, *columns: pa.Array) -> pa.Table:
+    """A dimension table of ``schema``: the ids ``0..n-1``, then ``columns``."""
+    ids = pa.array(np.arange(len(columns[0]), dtype=np.int64))
+    return pa.Table.from_arrays([ids, *columns], schema=schema)
+
+
 def _strings(values: tuple[str, ...], codes: npt.ArrayLike) -> pa.Array:
     """Arrow strings from vocabulary codes (one vectorized take)."""
     return pa.array(values, pa.string()).take(pa.array(codes))
@@ -327,48 +333,36 @@ LOCATIONS = tuple(
 
 def users_table(users: Users) -> pa.Table:
     """The observable user dimension table (USER_SCHEMA)."""
-    n = users.age.size
-    return pa.Table.from_arrays(
-        [
-            pa.array(np.arange(n, dtype=np.int64)),
-            pa.array(users.age),
-            _strings(vocab.GENDERS, users.gender),
-            _strings(LOCATIONS, users.location),
-            _strings(vocab.DEVICES, users.device),
-            _times(users.signup_ms),
-            _times(users.updated_ms),
-        ],
-        schema=USER_SCHEMA,
+    return _dimension_table(
+        USER_SCHEMA,
+        pa.array(users.age),
+        _strings(vocab.GENDERS, users.gender),
+        _strings(LOCATIONS, users.location),
+        _strings(vocab.DEVICES, users.device),
+        _times(users.signup_ms),
+        _times(users.updated_ms),
     )
 
 
 def ads_table(ads: Ads) -> pa.Table:
     """The observable ad dimension table (AD_SCHEMA); no latent columns."""
-    n = ads.topic.size
-    return pa.Table.from_arrays(
-        [
-            pa.array(np.arange(n, dtype=np.int64)),
-            pa.array(ads.advertiser.astype(np.int64)),
-            pa.array(ads.campaign.astype(np.int64)),
-            _strings(vocab.AD_FORMATS, ads.ad_format),
-            _strings(vocab.AD_OBJECTIVES, ads.objective),
-            _strings(vocab.CATEGORIES, ads.creative_category),
-            _times(ads.created_ms),
-            _times(ads.updated_ms),
-        ],
-        schema=AD_SCHEMA,
+    return _dimension_table(
+        AD_SCHEMA,
+        pa.array(ads.advertiser.astype(np.int64)),
+        pa.array(ads.campaign.astype(np.int64)),
+        _strings(vocab.AD_FORMATS, ads.ad_format),
+        _strings(vocab.AD_OBJECTIVES, ads.objective),
+        _strings(vocab.CATEGORIES, ads.creative_category),
+        _times(ads.created_ms),
+        _times(ads.updated_ms),
     )
 
 
 def contents_table(contents: Contents) -> pa.Table:
     """The organic content dimension table (CONTENT_SCHEMA)."""
-    n = contents.category.size
-    return pa.Table.from_arrays(
-        [
-            pa.array(np.arange(n, dtype=np.int64)),
-            _strings(vocab.CONTENT_TYPES, contents.content_type),
-            _strings(vocab.CATEGORIES, contents.category),
-            _times(contents.created_ms),
-        ],
-        schema=CONTENT_SCHEMA,
+    return _dimension_table(
+        CONTENT_SCHEMA,
+        _strings(vocab.CONTENT_TYPES, contents.content_type),
+        _strings(vocab.CATEGORIES, contents.category),
+        _times(contents.created_ms),
     )
