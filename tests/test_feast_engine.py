@@ -8,7 +8,6 @@ The engine's writes are held to Feast's stock engine in ``test_feast_store``
 from __future__ import annotations
 
 import datetime as dt
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +15,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.feast import engine as feast_engine
 from pipelines.feast import window_rows
 
 RNG = np.random.default_rng(7)
@@ -108,37 +106,3 @@ def test_batches_hold_about_the_target_bytes(tmp_path: Path) -> None:
     narrow = window_rows.batch_rows(parquet, ["user_id"], 20_000, 4096)
     assert 64 <= wide < narrow <= 20_000
     assert window_rows.batch_rows(parquet, ["user_id"], 100, 1 << 30) == 100
-
-
-def test_prefetch_keeps_order_and_hands_errors_to_the_consumer() -> None:
-    assert list(feast_engine.prefetch(iter(range(50)), depth=2)) == list(range(50))
-
-    def failing() -> object:
-        yield 1
-        raise ValueError("bad batch")
-
-    stream = feast_engine.prefetch(failing())
-    assert next(stream) == 1
-    with pytest.raises(ValueError, match="bad batch"):
-        next(stream)
-
-
-def test_prefetch_stops_its_producer_when_the_consumer_stops() -> None:
-    produced = []
-    stopped = threading.Event()
-
-    def endless() -> object:
-        try:
-            i = 0
-            while True:
-                produced.append(i)
-                yield i
-                i += 1
-        finally:
-            stopped.set()
-
-    stream = feast_engine.prefetch(endless(), depth=2)
-    assert [next(stream) for _ in range(3)] == [0, 1, 2]
-    stream.close()
-    assert stopped.wait(5)
-    assert len(produced) <= 3 + 2 + 1  # at most `depth` (and one in hand) ahead

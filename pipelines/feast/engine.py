@@ -29,11 +29,7 @@ Redis cluster) runs Feast's own local engine.
 from __future__ import annotations
 
 import contextlib
-import threading
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from queue import Empty, Full, Queue
 from typing import Any, Final, Literal, TypeVar
 
 from pipelines.feast.version import require_supported_feast
@@ -55,6 +51,7 @@ from feast.repo_config import FeastConfigBaseModel
 from feast.utils import make_tzaware
 
 from features.memory import reuse_freed_memory
+from features.prefetch import prefetch
 from pipelines.feast.window_rows import batch_rows, latest_rows, window_batches
 from pipelines.feast.writers import join_keys_of, online_writer
 
@@ -145,8 +142,13 @@ class ArrowMaterializationEngine(LocalComputeEngine):
         # the process keeps (features.memory) instead of faulted in anew.
         if self.keep_freed_memory:
             reuse_freed_memory()
-        batches = prefetch(window_batches(parquet, columns, keep, rows))
-        encoded = prefetch(writer.encode(view, b, join_keys) for b in batches)
+        batches = prefetch(
+            window_batches(parquet, columns, keep, rows), name="feast-engine-read"
+        )
+        encoded = prefetch(
+            (writer.encode(view, b, join_keys) for b in batches),
+            name="feast-engine-encode",
+        )
         with (
             contextlib.closing(batches),  # closed last, as the encoder stops first
             contextlib.closing(encoded),
@@ -162,56 +164,6 @@ class ArrowMaterializationEngine(LocalComputeEngine):
             writer.finish(False)
         if bar is not None:
             bar.close()
-
-
-# --- running stages on threads ------------------------------------------------------
-
-_DONE: Final = object()
-
-
-def prefetch(items: Iterable[T], depth: int = 2) -> Iterator[T]:
-    """``items``, produced on a worker thread up to ``depth`` ahead of the
-    consumer. An error in the producer is raised in the consumer; a consumer
-    that stops early stops the producer."""
-    queue: Queue[Any] = Queue(maxsize=depth)
-    stop = threading.Event()
-
-    def produce() -> None:
-        try:
-            for item in items:
-                while not stop.is_set():
-                    try:
-                        queue.put(item, timeout=0.1)
-                        break
-                    except Full:
-                        continue
-                if stop.is_set():
-                    return
-            queue.put(_DONE)
-        except BaseException as error:  # handed to the consumer
-            queue.put(_Failed(error))
-
-    worker = threading.Thread(target=produce, name="feast-engine-stage", daemon=True)
-    worker.start()
-    try:
-        while True:
-            item = queue.get()
-            if item is _DONE:
-                return
-            if isinstance(item, _Failed):
-                raise item.error
-            yield item
-    finally:
-        stop.set()
-        while worker.is_alive():  # unblock a producer waiting on a full queue
-            with contextlib.suppress(Empty):
-                queue.get_nowait()
-            worker.join(timeout=0.05)
-
-
-@dataclass(frozen=True)
-class _Failed:
-    error: BaseException
 
 
 def columnar_path(view: Any, task: MaterializationTask) -> Path | None:

@@ -31,14 +31,13 @@ importable from here too.
 
 from __future__ import annotations
 
-import queue
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 
+from features.prefetch import prefetch as prefetch_items
 from trainer.data.batch import Batch
 from trainer.data.feature_files import (
     cut_at_fraction,
@@ -59,8 +58,6 @@ __all__ = [
     "split_periods",
     "time_forward_split",
 ]
-
-_DONE = object()
 
 
 class ExampleDataset:
@@ -129,55 +126,12 @@ class ExampleDataset:
         chunks = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
         if max_batches is not None:
             chunks = chunks[:max_batches]
+        built = (self._built(rows, pin_memory) for rows in chunks)
         if prefetch <= 0:
-            for rows in chunks:
-                batch = self.batch(rows)
-                yield batch.pin_memory() if pin_memory else batch
+            yield from built
             return
-        yield from _prefetched(self, chunks, prefetch, pin_memory)
+        yield from prefetch_items(built, prefetch, name="batch-prefetch")
 
-
-def _prefetched(
-    data: ExampleDataset, chunks: list[np.ndarray], depth: int, pin_memory: bool
-) -> Iterator[Batch]:
-    """Yield ``data.batch(rows)`` for each chunk, built by a daemon thread.
-
-    The bounded queue caps memory at ``depth`` batches ahead; an exception in
-    the producer is re-raised in the consumer; stopping early (the consumer
-    breaks out) sets ``stop`` so the producer exits instead of blocking.
-    """
-    out: queue.Queue[object] = queue.Queue(maxsize=depth)
-    stop = threading.Event()
-
-    def produce() -> None:
-        try:
-            for rows in chunks:
-                if stop.is_set():
-                    return
-                batch = data.batch(rows)
-                item: object = batch.pin_memory() if pin_memory else batch
-                while not stop.is_set():
-                    try:
-                        out.put(item, timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-        except BaseException as error:
-            out.put(error)
-            return
-        out.put(_DONE)
-
-    thread = threading.Thread(target=produce, name="batch-prefetch", daemon=True)
-    thread.start()
-    try:
-        while True:
-            item = out.get()
-            if item is _DONE:
-                return
-            if isinstance(item, BaseException):
-                raise item
-            assert isinstance(item, Batch)
-            yield item
-    finally:
-        stop.set()
-        thread.join(timeout=5)
+    def _built(self, rows: np.ndarray, pin_memory: bool) -> Batch:
+        batch = self.batch(rows)
+        return batch.pin_memory() if pin_memory else batch
