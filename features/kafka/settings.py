@@ -61,6 +61,9 @@ RECONNECT_BACKOFF_MAX_MS: Final = 1000
 # The largest message the system writes (a batch of examples with their
 # timeline segments); topics it creates allow it (``max.message.bytes``).
 MAX_MESSAGE_BYTES: Final = 64 * 1024 * 1024
+# The per-partition fetch of the raw-event readers (kafka-python's default is
+# 1 MiB): a poll brings tens of thousands of small events.
+EVENT_FETCH_BYTES: Final = 8 * 1024 * 1024
 # kafka-python's defaults send tiny batches; larger, lingering batches carry
 # the same records in far fewer requests. A record counts as sent once every
 # in-sync replica has it.

@@ -26,6 +26,7 @@ from features.arrow_ipc import ipc_to_table, table_to_ipc
 from features.example_messages import encode_example_message, message_headers
 from features.examples import TIMELINE_SCHEMA
 from features.kafka import KafkaSettings
+from features.kafka.settings import EVENT_FETCH_BYTES
 from features.kafka.topics import topic_partitions
 from features.windows import timeline_segments
 from pipelines.batch.validate import METRICS_NAMESPACE, RawEvents
@@ -65,7 +66,7 @@ class ReadPartitionFn(beam.DoFn):  # type: ignore[misc]
         with self._settings.consumer(
             group_id=self._group_id,
             enable_auto_commit=False,
-            max_partition_fetch_bytes=8 * 1024 * 1024,
+            max_partition_fetch_bytes=EVENT_FETCH_BYTES,
         ) as consumer:
             consumer.assign([tp])
             committed = consumer.committed(tp)

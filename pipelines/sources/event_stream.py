@@ -29,7 +29,7 @@ from features.events import (
     encode_event_table,
     events_from_records,
 )
-from features.kafka.settings import KafkaSettings
+from features.kafka.settings import EVENT_FETCH_BYTES, KafkaSettings
 from features.kafka.topics import RECORD_OVERHEAD_BYTES, max_message_bytes
 
 log = logging.getLogger(__name__)
@@ -165,7 +165,7 @@ def read_events(
         group_id=group_id,
         auto_offset_reset="earliest",
         enable_auto_commit=False,
-        max_partition_fetch_bytes=8 * 1024 * 1024,
+        max_partition_fetch_bytes=EVENT_FETCH_BYTES,
     )
     tally = _ReadTally(topic)
     ends: dict[Any, int] | None = None

@@ -50,6 +50,7 @@ from apache_beam.utils.timestamp import Duration, Timestamp
 from features.deadletter import DeadLetter
 from features.events import EVENT_SCHEMA, decode_event, now_ms
 from features.kafka import KafkaSettings
+from features.kafka.settings import EVENT_FETCH_BYTES
 from features.kafka.topics import topic_partitions
 from pipelines.streaming.config import METRICS_NAMESPACE
 from pipelines.streaming.event_timers import ms_to_timestamp
@@ -159,7 +160,7 @@ class ReadTopicFn(beam.DoFn):  # type: ignore[misc]
             self._consumer = self._settings.consumer(
                 group_id=self._group_id,
                 enable_auto_commit=False,
-                max_partition_fetch_bytes=8 * 1024 * 1024,
+                max_partition_fetch_bytes=EVENT_FETCH_BYTES,
             )
             self._consumer.assign([TopicPartition(topic, p) for p, _ in positions.next])
             for partition, offset in positions.next:
