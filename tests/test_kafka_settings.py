@@ -22,7 +22,12 @@ from features.kafka.client_properties import (
     kafka_python_defaults,
     parse_properties,
 )
-from features.kafka.settings import PASSWORD_ENV, SSL_PASSWORD_ENV
+from features.kafka.settings import (
+    MAX_MESSAGE_BYTES,
+    PASSWORD_ENV,
+    SSL_PASSWORD_ENV,
+    THROUGHPUT_PRODUCER,
+)
 
 PLAIN_JAAS = (
     "org.apache.kafka.common.security.plain.PlainLoginModule required "
@@ -140,6 +145,17 @@ def test_command_overrides_win_over_properties() -> None:
     )
     assert settings.consumer_config(group_id="ours")["group_id"] == "ours"
     assert settings.producer_config(linger_ms=2)["linger_ms"] == 2
+
+
+def test_throughput_producers_batch_and_wait_for_every_replica() -> None:
+    settings = _settings("--kafka-bootstrap=a:1", "--kafka-option=linger.ms=9")
+    config = settings.producer_config(throughput=True)
+    assert {k: config[k] for k in THROUGHPUT_PRODUCER} == THROUGHPUT_PRODUCER
+    assert config["max_request_size"] == MAX_MESSAGE_BYTES
+    assert "throughput" not in config
+    smaller = settings.producer_config(throughput=True, max_request_size=1024)
+    assert (smaller["max_request_size"], smaller["linger_ms"]) == (1024, 5)
+    assert settings.producer_config()["linger_ms"] == 9
 
 
 @pytest.mark.parametrize(

@@ -93,6 +93,18 @@ def ensure_topics(
         probe.close()
 
 
+def topic_partitions(consumer: Any, topic: str) -> list[int]:
+    """The partitions of ``topic``, in order, as ``consumer``'s cluster has them.
+
+    Raises:
+        ValueError: the topic does not exist.
+    """
+    partitions = consumer.partitions_for_topic(topic)
+    if not partitions:
+        raise ValueError(f"Kafka topic {topic!r} does not exist")
+    return sorted(partitions)
+
+
 def topic_records(settings: KafkaSettings, topic: str) -> Iterator[Any]:
     """Every record of ``topic``, from its start to the end offsets seen now.
 

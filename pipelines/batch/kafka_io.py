@@ -26,18 +26,14 @@ from features.arrow_ipc import ipc_to_table, table_to_ipc
 from features.example_messages import encode_example_message, message_headers
 from features.examples import TIMELINE_SCHEMA
 from features.kafka import KafkaSettings
+from features.kafka.settings import EVENT_FETCH_BYTES
+from features.kafka.topics import topic_partitions
 from features.windows import timeline_segments
 from pipelines.batch.validate import METRICS_NAMESPACE, RawEvents
 from pipelines.core.columns import concat
 
 POLL_MS: Final = 200
 BATCH_MESSAGES: Final = 50_000
-PRODUCER_TUNING: Final = {
-    "linger_ms": 5,
-    "batch_size": 262_144,
-    "acks": "all",
-    "max_request_size": 64 * 1024 * 1024,
-}
 
 
 class ListPartitionsFn(beam.DoFn):  # type: ignore[misc]
@@ -48,14 +44,9 @@ class ListPartitionsFn(beam.DoFn):  # type: ignore[misc]
 
     def process(self, topic: str) -> Iterator[tuple[str, int]]:
         """Ask the cluster for the topic's partitions."""
-        consumer = self._settings.consumer(group_id=None)
-        try:
-            partitions = consumer.partitions_for_topic(topic)
-        finally:
-            consumer.close()
-        if not partitions:
-            raise ValueError(f"Kafka topic {topic!r} does not exist")
-        for partition in sorted(partitions):
+        with self._settings.consumer(group_id=None) as consumer:
+            partitions = topic_partitions(consumer, topic)
+        for partition in partitions:
             yield topic, partition
 
 
@@ -72,12 +63,11 @@ class ReadPartitionFn(beam.DoFn):  # type: ignore[misc]
 
         topic, partition = element
         tp = TopicPartition(topic, partition)
-        consumer = self._settings.consumer(
+        with self._settings.consumer(
             group_id=self._group_id,
             enable_auto_commit=False,
-            max_partition_fetch_bytes=8 * 1024 * 1024,
-        )
-        try:
+            max_partition_fetch_bytes=EVENT_FETCH_BYTES,
+        ) as consumer:
             consumer.assign([tp])
             committed = consumer.committed(tp)
             if committed is None:
@@ -101,8 +91,6 @@ class ReadPartitionFn(beam.DoFn):  # type: ignore[misc]
             if batch:
                 yield _message_batch(topic, partition, batch, offsets)
             consumer.commit()
-        finally:
-            consumer.close()
 
 
 def _message_batch(
@@ -178,7 +166,7 @@ class PublishShardFn(beam.DoFn):  # type: ignore[misc]
 
     def setup(self) -> None:
         """One producer per DoFn instance (reused across bundles)."""
-        self._producer = self._settings.producer(**PRODUCER_TUNING)
+        self._producer = self._settings.producer(throughput=True)
 
     def process(self, element: tuple[int, Iterable[tuple[str, bytes]]]) -> None:
         """Send the shard's messages, keyed by shard."""

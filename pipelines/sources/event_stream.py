@@ -18,7 +18,7 @@ import time
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 import pyarrow as pa
 
@@ -29,7 +29,7 @@ from features.events import (
     encode_event_table,
     events_from_records,
 )
-from features.kafka.settings import KafkaSettings
+from features.kafka.settings import EVENT_FETCH_BYTES, KafkaSettings
 from features.kafka.topics import RECORD_OVERHEAD_BYTES, max_message_bytes
 
 log = logging.getLogger(__name__)
@@ -41,14 +41,8 @@ _HEADERS = [
     (CONTENT_TYPE_HEADER, b"application/json"),
 ]
 
-# kafka-python's defaults send tiny batches; larger, lingering batches carry
-# the same events in far fewer requests.
-PRODUCER_TUNING: dict[str, Any] = {
-    "linger_ms": 5,
-    "batch_size": 262_144,
-    "acks": "all",
-    "max_request_size": 16 * 1024 * 1024,
-}
+MAX_EVENT_REQUEST_BYTES: Final = 16 * 1024 * 1024
+"""The producer's request limit for raw events (one event is far smaller)."""
 
 
 @dataclass(frozen=True)
@@ -107,12 +101,14 @@ def publish_events(
         table = table.sort_by([("event_time", "ascending")])
     payloads = encode_event_table(table)
     keys = [str(u).encode() for u in table.column("user_id").to_pylist()]
-    producer = settings.producer(**PRODUCER_TUNING)
+    producer = settings.producer(
+        throughput=True, max_request_size=MAX_EVENT_REQUEST_BYTES
+    )
     start = time.monotonic()
     sent_bytes = 0
     # Pace in small chunks: sleeping per message would cost more than sending.
     chunk = max(1, int(rate // 20)) if rate else len(payloads) or 1
-    try:
+    with producer:
         for begin in range(0, len(payloads), chunk):
             for key, value in zip(
                 keys[begin : begin + chunk],
@@ -126,8 +122,6 @@ def publish_events(
                 if ahead > 0:
                     time.sleep(ahead)
         producer.flush()
-    finally:
-        producer.close()
     return PublishReport(len(payloads), sent_bytes, time.monotonic() - start)
 
 
@@ -135,15 +129,12 @@ def publish_raw(
     payloads: Iterable[bytes], settings: KafkaSettings, topic: str, *, key: bytes
 ) -> int:
     """Send raw message bodies as they are (used to inject malformed input)."""
-    producer = settings.producer()
     count = 0
-    try:
+    with settings.producer() as producer:
         for payload in payloads:
             producer.send(topic, key=key, value=payload, headers=_HEADERS)
             count += 1
         producer.flush()
-    finally:
-        producer.close()
     return count
 
 
@@ -174,12 +165,12 @@ def read_events(
         group_id=group_id,
         auto_offset_reset="earliest",
         enable_auto_commit=False,
-        max_partition_fetch_bytes=8 * 1024 * 1024,
+        max_partition_fetch_bytes=EVENT_FETCH_BYTES,
     )
     tally = _ReadTally(topic)
     ends: dict[Any, int] | None = None
     start = time.monotonic()
-    try:
+    with consumer:
         while True:
             if ends is not None and all(
                 consumer.position(tp) >= end for tp, end in ends.items()
@@ -195,8 +186,6 @@ def read_events(
             if ends is None and consumer.assignment():
                 ends = consumer.end_offsets(list(consumer.assignment()))
         consumer.commit()
-    finally:
-        consumer.close()
     if tally.dead and dead_letter_topic:
         _copy_dead_letters(settings, dead_letter_topic, tally.dead)
     return ConsumeReport(
@@ -257,11 +246,8 @@ def _copy_dead_letters(
     """Send each letter to ``topic``: its message's bytes as the value, cut
     only where the topic takes less, its fields in the headers."""
     limit = max_message_bytes(settings, topic)
-    producer = settings.producer(max_request_size=limit)
-    try:
+    with settings.producer(max_request_size=limit) as producer:
         for letter in letters:
             copy = letter.truncated_to(limit - RECORD_OVERHEAD_BYTES)
             producer.send(topic, value=copy.payload, headers=copy.kafka_headers())
         producer.flush()
-    finally:
-        producer.close()

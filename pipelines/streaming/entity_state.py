@@ -34,7 +34,6 @@ from apache_beam.transforms.userstate import (
     TimerSpec,
     on_timer,
 )
-from apache_beam.utils.timestamp import Timestamp
 
 from features.duplicates import copy_digests
 from features.feature_tables import FEATURE_TABLES
@@ -46,11 +45,17 @@ from pipelines.core.counters import (
     counter_table,
     entity_counters,
 )
-from pipelines.core.event_copies import drop_losing_copies, losing_copies
+from pipelines.core.event_copies import drop_losing_copies
 from pipelines.core.ordering import first_of_each
 from pipelines.core.shards import shard_of, split_by_shard
 from pipelines.streaming.config import COUNTER_HORIZON_MS, StreamConfig
-from pipelines.streaming.event_ids import WINNERS, compact_winners, winners_of
+from pipelines.streaming.event_ids import (
+    WINNERS,
+    compact_winners,
+    holding_losers,
+    winners_of,
+)
+from pipelines.streaming.event_timers import newly_fired, set_at_each
 from pipelines.streaming.state_mirror import TOKEN as MIRROR_TOKEN
 from pipelines.streaming.state_mirror import MirroredState, StateMirror
 from pipelines.streaming.tables import (
@@ -230,41 +235,38 @@ class EntityShardFn(beam.DoFn):  # type: ignore[misc]
         state.add("rows", data, batch)
         actions = to_int64(batch.column("action"))
         times = to_int64(batch.column("time_ms"))[actions == _IMPRESSION]
-        for due in np.unique(answer_due(times, self._config)).tolist():
-            answer.set(Timestamp(micros=due * 1000), dynamic_timer_tag=str(due))
+        set_at_each(answer, answer_due(times, self._config))
         if self._push and batch.num_rows:
-            kind = self._kind(key)
             stored = concatenated(state.tables("rows"), ENTITY_EVENT_SCHEMA)
             touched = np.unique(to_int64(batch.column("entity_id")))
-            notices = winners_of(state.tables("winners"))
-            yield beam.pvalue.TaggedOutput(
-                PUSH,
-                (
-                    f"{kind}_counters",
-                    state_bytes(entity_push_rows(stored, touched, kind, notices)),
-                    to_int64(batch.column("published_ms")).tobytes(),
-                ),
-            )
+            published = to_int64(batch.column("published_ms")).tobytes()
+            yield self._push_rows(key, state, stored, touched, published)
 
     def _push_corrections(
         self, key: int, state: MirroredState, notice: pa.Table
     ) -> Iterator[Any]:
         """Push again the online counters of the entities with a row the
         notice says loses (already pushed with it); no freshness samples."""
-        kind = self._kind(key)
         stored = concatenated(state.tables("rows"), ENTITY_EVENT_SCHEMA)
-        loses = losing_copies(stored, notice, time_column="time_ms")
-        if not loses.any():
-            return
-        touched = np.unique(to_int64(stored.column("entity_id"))[loses])
+        touched = holding_losers(stored, notice, "entity_id", time_column="time_ms")
+        if touched.size:
+            yield self._push_rows(key, state, stored, touched, b"")
+
+    def _push_rows(
+        self,
+        key: int,
+        state: MirroredState,
+        stored: pa.Table,
+        touched: IntArray,
+        published: bytes,
+    ) -> Any:
+        """The ``push`` output of the touched entities' online counters
+        (:data:`~.user_state.PushRows`)."""
+        kind = self._kind(key)
         notices = winners_of(state.tables("winners"))
-        yield beam.pvalue.TaggedOutput(
-            PUSH,
-            (
-                f"{kind}_counters",
-                state_bytes(entity_push_rows(stored, touched, kind, notices)),
-                b"",
-            ),
+        rows = entity_push_rows(stored, touched, kind, notices)
+        return beam.pvalue.TaggedOutput(
+            PUSH, (f"{kind}_counters", state_bytes(rows), published)
         )
 
     @on_timer(_ANSWER)
@@ -279,25 +281,23 @@ class EntityShardFn(beam.DoFn):  # type: ignore[misc]
     ) -> Iterator[tuple[int, tuple[str, bytes]]]:
         """Answer every impression due by now not answered yet; compact the
         state when it is due (:func:`~.tables.due_for_compaction`)."""
-        kind = self._kind(int(key))
-        fire = fire_at.micros // 1000
-        until = answered.read()
-        if until is not None and fire <= until:
+        fired = newly_fired(fire_at, answered)
+        if fired is None:
             return  # a later due time fired first and answered these
+        kind = self._kind(int(key))
         state = _MIRROR.open(key, token, {"rows": rows, "winners": winners})
         stored = concatenated(state.tables("rows"), ENTITY_EVENT_SCHEMA)
         notices = winners_of(state.tables("winners"))
         routed, kept, _ = answer_entity_shard(
             stored,
             kind,
-            answered_until=np.iinfo(np.int64).min if until is None else until,
-            fire=fire,
+            answered_until=fired.after,
+            fire=fired.fire,
             config=self._config,
             user_shards=self._config.shards,
             winners=notices,
         )
-        answered.write(fire)
-        still_needed = compact_winners(notices, fire, self._config)
+        still_needed = compact_winners(notices, fired.fire, self._config)
         forgets = still_needed.num_rows < notices.num_rows
         # The rows are rewritten only now and then, or when a notice is
         # forgotten: the copies it drops must be gone first.

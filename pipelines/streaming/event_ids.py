@@ -53,19 +53,20 @@ from apache_beam.transforms.userstate import (
     TimerSpec,
     on_timer,
 )
-from apache_beam.utils.timestamp import Timestamp
 
 from features.duplicates import DUPLICATE_HORIZON_MS
-from pipelines.core.columns import dictionary_codes, to_int64
+from pipelines.core.columns import IntArray, dictionary_codes, to_int64
 from pipelines.core.counters import ENTITY_KINDS
 from pipelines.core.event_copies import (
     DIGEST_PROJECTION_SCHEMA,
     copy_winners,
     id_buckets,
     id_projection,
+    losing_copies,
 )
 from pipelines.core.shards import shard_of, split_by_shard
 from pipelines.streaming.config import METRICS_NAMESPACE, StreamConfig
+from pipelines.streaming.event_timers import newly_fired, set_at_each
 from pipelines.streaming.state_mirror import TOKEN as MIRROR_TOKEN
 from pipelines.streaming.state_mirror import StateMirror
 from pipelines.streaming.tables import (
@@ -154,10 +155,8 @@ class EventIdFn(beam.DoFn):  # type: ignore[misc]
         state.add("seen", data, batch)
         # A compaction at the end of each granularity step the batch's times
         # fall in: the bag is one chunk again, without the forgotten ids.
-        step = self._config.granularity_ms
         times = to_int64(batch.column("event_time"))
-        for due in np.unique(ceil_to(times + 1, step)).tolist():
-            forget.set(Timestamp(micros=due * 1000), dynamic_timer_tag=str(due))
+        set_at_each(forget, ceil_to(times + 1, self._config.granularity_ms))
         if winners.num_rows == 0:
             return
         self.notices.inc(winners.num_rows)
@@ -178,14 +177,12 @@ class EventIdFn(beam.DoFn):  # type: ignore[misc]
         forgotten: Any = _FORGOTTEN_PARAM,
     ) -> None:
         """Forget the ids whose winning copy is past the retention."""
-        fire = fire_at.micros // 1000
-        until = forgotten.read()
-        if until is not None and fire <= until:
+        fired = newly_fired(fire_at, forgotten)
+        if fired is None:
             return
         state = _MIRROR.open(key, token, {"seen": seen})
         stored = concatenated(state.tables("seen"), DIGEST_PROJECTION_SCHEMA)
-        kept = forget_ids(stored, fire, self._config)
-        forgotten.write(fire)
+        kept = forget_ids(stored, fired.fire, self._config)
         if due_for_compaction(len(state.tables("seen"))):
             state.replace("seen", [(state_bytes(kept), kept)] if kept.num_rows else [])
 
@@ -214,6 +211,15 @@ def winners_of(notices: list[pa.Table]) -> pa.Table:
     if winners.num_rows == 0:
         return winners
     return copy_winners(winners, every_id=True)
+
+
+def holding_losers(
+    rows: pa.Table, notice: pa.Table, entity: str, *, time_column: str = "event_time"
+) -> IntArray:
+    """The distinct ``entity`` ids of the rows the notice says lose (what a
+    shard pushed with a losing copy and must push again without it)."""
+    loses = losing_copies(rows, notice, time_column=time_column)
+    return np.unique(to_int64(rows.column(entity))[loses])
 
 
 def compact_winners(winners: pa.Table, fire: int, config: StreamConfig) -> pa.Table:

@@ -50,7 +50,10 @@ from apache_beam.utils.timestamp import Duration, Timestamp
 from features.deadletter import DeadLetter
 from features.events import EVENT_SCHEMA, decode_event, now_ms
 from features.kafka import KafkaSettings
+from features.kafka.settings import EVENT_FETCH_BYTES
+from features.kafka.topics import topic_partitions
 from pipelines.streaming.config import METRICS_NAMESPACE
+from pipelines.streaming.event_timers import ms_to_timestamp
 from pipelines.streaming.tables import STREAM_EVENT_SCHEMA
 from pipelines.streaming.topic_positions import (
     END,
@@ -157,7 +160,7 @@ class ReadTopicFn(beam.DoFn):  # type: ignore[misc]
             self._consumer = self._settings.consumer(
                 group_id=self._group_id,
                 enable_auto_commit=False,
-                max_partition_fetch_bytes=8 * 1024 * 1024,
+                max_partition_fetch_bytes=EVENT_FETCH_BYTES,
             )
             self._consumer.assign([TopicPartition(topic, p) for p, _ in positions.next])
             for partition, offset in positions.next:
@@ -350,9 +353,7 @@ class ReadTopicFn(beam.DoFn):  # type: ignore[misc]
             earliest = min(int(r["event_time"]) for r in records_ok)
             batch = EventBatch(source, table.cast(STREAM_EVENT_SCHEMA))
             outputs.append(
-                beam.window.TimestampedValue(
-                    (EVENTS, batch), Timestamp(micros=earliest * 1000)
-                )
+                beam.window.TimestampedValue((EVENTS, batch), ms_to_timestamp(earliest))
             )
         # Progress mark for the offset committer (.offsets): what was read
         # up to where, and how new it was.
@@ -431,22 +432,16 @@ class StartOf(beam.DoFn):  # type: ignore[misc]
         """Ask the cluster for the partitions and the group's offsets."""
         from kafka import TopicPartition
 
-        consumer = self._settings.consumer(
+        with self._settings.consumer(
             group_id=self._group_id, enable_auto_commit=False
-        )
-        try:
-            partitions = consumer.partitions_for_topic(topic)
-            if not partitions:
-                raise ValueError(f"Kafka topic {topic!r} does not exist")
+        ) as consumer:
             starts = []
-            for partition in sorted(partitions):
+            for partition in topic_partitions(consumer, topic):
                 committed = None
                 if self._from_committed:
                     committed = consumer.committed(TopicPartition(topic, partition))
                 starts.append((partition, committed or 0))
-            yield TopicRead(topic, tuple(starts))
-        finally:
-            consumer.close()
+        yield TopicRead(topic, tuple(starts))
 
 
 class _SplitByKind(beam.DoFn):  # type: ignore[misc]

@@ -32,10 +32,10 @@ from apache_beam.transforms.userstate import (
     TimerSpec,
     on_timer,
 )
-from apache_beam.utils.timestamp import Timestamp
 
 from features.kafka import KafkaSettings
 from pipelines.streaming.config import LABEL_WINDOW_MS, METRICS_NAMESPACE, StreamConfig
+from pipelines.streaming.event_timers import fired_ms, ms_to_timestamp
 
 Mark = tuple[str, tuple[int, int]]
 """``("topic/partition", (next offset, newest event time ms))``."""
@@ -85,7 +85,7 @@ class CommitOffsetsFn(beam.DoFn):  # type: ignore[misc]
         _, (offset, newest) = element
         marks.add((offset, newest))
         due = durable_at(newest, self._config)
-        durable.set(Timestamp(micros=due * 1000))
+        durable.set(ms_to_timestamp(due))
         yield from ()
 
     @on_timer(_DURABLE)
@@ -97,7 +97,7 @@ class CommitOffsetsFn(beam.DoFn):  # type: ignore[misc]
         durable: Any = _DURABLE_PARAM,
     ) -> None:
         """Commit the highest offset whose marks are durable by now."""
-        fire = fire_at.micros // 1000
+        fire = fired_ms(fire_at)
         held = list(marks.read())
         done = [o for o, newest in held if durable_at(newest, self._config) <= fire]
         rest = [(o, n) for o, n in held if durable_at(n, self._config) > fire]
@@ -106,7 +106,7 @@ class CommitOffsetsFn(beam.DoFn):  # type: ignore[misc]
             marks.add(pair)
         if rest:
             due = min(durable_at(n, self._config) for _, n in rest)
-            durable.set(Timestamp(micros=due * 1000))
+            durable.set(ms_to_timestamp(due))
         if done:
             self._commit(str(key), max(done))
 

@@ -23,7 +23,7 @@ come back).
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any, Final
+from typing import Any
 
 import apache_beam as beam
 import pyarrow as pa
@@ -41,14 +41,6 @@ from features.windows import timeline_segments
 from pipelines.streaming.config import METRICS_NAMESPACE
 from pipelines.streaming.tables import state_table
 
-PRODUCER_TUNING: Final = {
-    "linger_ms": 5,
-    "batch_size": 262_144,
-    "acks": "all",
-    "enable_idempotence": True,
-    "max_request_size": 64 * 1024 * 1024,
-}
-
 
 def published_example_ids(settings: KafkaSettings, topic: str) -> set[str]:
     """Every example id on ``topic`` (the ledger), from the start to its end."""
@@ -60,15 +52,38 @@ def published_example_ids(settings: KafkaSettings, topic: str) -> set[str]:
     return ids
 
 
-class PublishExampleMessagesFn(beam.DoFn):  # type: ignore[misc]
+class _SendFn(beam.DoFn):  # type: ignore[misc]
+    """Sends to one topic with one idempotent producer per DoFn instance:
+    opened in ``setup``, flushed before each bundle commits, closed at
+    ``teardown``."""
+
+    def __init__(self, settings: KafkaSettings, topic: str) -> None:
+        self._settings = settings
+        self._topic = topic
+        self._producer: Any = None
+
+    def _open_producer(self, **overrides: Any) -> None:
+        self._producer = self._settings.producer(
+            throughput=True, enable_idempotence=True, **overrides
+        )
+
+    def finish_bundle(self) -> None:
+        """Everything sent in the bundle is acknowledged before it commits."""
+        self._producer.flush()
+
+    def teardown(self) -> None:
+        """Close the producer."""
+        if self._producer is not None:
+            self._producer.close()
+
+
+class PublishExampleMessagesFn(_SendFn):
     """``(user shard, examples IPC, segments IPC)`` -> one Kafka message each,
     minus examples already on the topic (see the module docstring)."""
 
     def __init__(self, settings: KafkaSettings, topic: str, max_seq_len: int) -> None:
-        self._settings = settings
-        self._topic = topic
+        super().__init__(settings, topic)
         self._max_seq_len = max_seq_len
-        self._producer: Any = None
         self._published: set[str] = set()
         self._sent: list[str] = []
         self.messages = Metrics.counter(METRICS_NAMESPACE, "messages_published")
@@ -78,7 +93,7 @@ class PublishExampleMessagesFn(beam.DoFn):  # type: ignore[misc]
     def setup(self) -> None:
         """The producer, and the ledger of what the topic already holds."""
         self._published = published_example_ids(self._settings, self._topic)
-        self._producer = self._settings.producer(**PRODUCER_TUNING)
+        self._open_producer()
 
     def process(self, element: tuple[int, bytes, bytes]) -> Iterator[Any]:
         """Publish the examples not yet on the topic."""
@@ -109,25 +124,18 @@ class PublishExampleMessagesFn(beam.DoFn):  # type: ignore[misc]
 
     def finish_bundle(self) -> None:
         """Acknowledged before the bundle commits; then part of the ledger."""
-        self._producer.flush()
+        super().finish_bundle()
         self._published.update(self._sent)
         self._sent = []
 
-    def teardown(self) -> None:
-        """Close the producer."""
-        if self._producer is not None:
-            self._producer.close()
 
-
-class PublishDeadLettersFn(beam.DoFn):  # type: ignore[misc]
+class PublishDeadLettersFn(_SendFn):
     """Dead-letter JSON lines -> their Kafka topic, each whole when the topic
     takes it, else with its payload cut to fit (``truncated``, with the whole
     payload's length and hash): never dropped, never refused by the broker."""
 
     def __init__(self, settings: KafkaSettings, topic: str) -> None:
-        self._settings = settings
-        self._topic = topic
-        self._producer: Any = None
+        super().__init__(settings, topic)
         self._max_line_bytes = 0
         self.count = Metrics.counter(METRICS_NAMESPACE, "dead_letters_published")
         self.cut = Metrics.counter(METRICS_NAMESPACE, "dead_letters_truncated")
@@ -136,8 +144,7 @@ class PublishDeadLettersFn(beam.DoFn):  # type: ignore[misc]
         """One producer per worker, allowed the topic's largest record."""
         limit = max_message_bytes(self._settings, self._topic)
         self._max_line_bytes = limit - RECORD_OVERHEAD_BYTES
-        tuning = {**PRODUCER_TUNING, "max_request_size": limit}
-        self._producer = self._settings.producer(**tuning)
+        self._open_producer(max_request_size=limit)
 
     def process(self, line: str) -> Iterator[Any]:
         """Send one dead letter."""
@@ -147,12 +154,3 @@ class PublishDeadLettersFn(beam.DoFn):  # type: ignore[misc]
         self._producer.send(self._topic, value=line.encode())
         self.count.inc()
         yield from ()
-
-    def finish_bundle(self) -> None:
-        """Acknowledged before the bundle commits."""
-        self._producer.flush()
-
-    def teardown(self) -> None:
-        """Close the producer."""
-        if self._producer is not None:
-            self._producer.close()

@@ -28,6 +28,8 @@ from apache_beam.io.iobase import (
 from apache_beam.transforms.core import RestrictionProvider, WatermarkEstimatorProvider
 from apache_beam.utils.timestamp import Timestamp
 
+from pipelines.streaming.event_timers import ms_to_timestamp
+
 END: Final = "end"
 """The claim that finishes a bounded run's restriction."""
 
@@ -159,7 +161,7 @@ class PartitionWatermarks(WatermarkEstimator):  # type: ignore[misc]
 
     def current_watermark(self) -> Timestamp | None:
         mark = self.mark_ms()
-        return None if mark is None else Timestamp(micros=mark * 1000)
+        return None if mark is None else ms_to_timestamp(mark)
 
     def observe_timestamp(self, timestamp: Timestamp) -> None:
         pass  # the marks are set by the reader, not by output timestamps

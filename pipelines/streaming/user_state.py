@@ -52,15 +52,19 @@ from apache_beam.transforms.userstate import (
     TimerSpec,
     on_timer,
 )
-from apache_beam.utils.timestamp import Timestamp
 
-from pipelines.core.columns import to_int64
+from pipelines.core.columns import IntArray, to_int64
 from pipelines.core.counters import ENTITY_KINDS
-from pipelines.core.event_copies import losing_copies
 from pipelines.core.examples import impression_mask
 from pipelines.core.shards import shard_of, split_by_shard
 from pipelines.streaming.config import METRICS_NAMESPACE, StreamConfig
-from pipelines.streaming.event_ids import WINNERS, compact_winners, winners_of
+from pipelines.streaming.event_ids import (
+    WINNERS,
+    compact_winners,
+    holding_losers,
+    winners_of,
+)
+from pipelines.streaming.event_timers import newly_fired, set_at_each
 from pipelines.streaming.state_mirror import TOKEN as MIRROR_TOKEN
 from pipelines.streaming.state_mirror import MirroredState, StateMirror
 from pipelines.streaming.tables import (
@@ -169,35 +173,36 @@ class UserShardFn(beam.DoFn):  # type: ignore[misc]
         if kind != "events":
             return
         impressions = _impression_times(batch)
-        for due in np.unique(due_times(impressions, self._config)).tolist():
-            release.set(Timestamp(micros=due * 1000), dynamic_timer_tag=str(due))
+        set_at_each(release, due_times(impressions, self._config))
         if self._push and batch.num_rows:
-            assert self._dims is not None
             stored = _by_kind(state)
             events = concatenated(stored.get("events", []), STREAM_EVENT_SCHEMA)
-            winners = winners_of(stored.get(WINNERS, []))
             touched = np.unique(to_int64(batch.column("user_id")))
             published = to_int64(batch.column("published_ms")).tobytes()
-            rows_by_table = user_push_rows(events, touched, self._dims, winners)
-            for table, rows in rows_by_table.items():
-                yield beam.pvalue.TaggedOutput(
-                    PUSH, (table, state_bytes(rows), published)
-                )
+            yield from self._push_rows(stored, events, touched, published)
 
     def _push_corrections(
         self, stored: dict[str, list[pa.Table]], notice: pa.Table
     ) -> Iterator[Any]:
         """Push again the online rows of the users holding a copy the notice
         says loses (already pushed with it); no freshness samples."""
-        assert self._dims is not None
         events = concatenated(stored.get("events", []), STREAM_EVENT_SCHEMA)
-        loses = losing_copies(events, notice)
-        if not loses.any():
-            return
-        touched = np.unique(to_int64(events.column("user_id"))[loses])
+        touched = holding_losers(events, notice, "user_id")
+        if touched.size:
+            yield from self._push_rows(stored, events, touched, b"")
+
+    def _push_rows(
+        self,
+        stored: dict[str, list[pa.Table]],
+        events: pa.Table,
+        touched: IntArray,
+        published: bytes,
+    ) -> Iterator[Any]:
+        """The ``push`` outputs (:data:`PushRows`) of the touched users."""
+        assert self._dims is not None
         winners = winners_of(stored.get(WINNERS, []))
         for table, rows in user_push_rows(events, touched, self._dims, winners).items():
-            yield beam.pvalue.TaggedOutput(PUSH, (table, state_bytes(rows), b""))
+            yield beam.pvalue.TaggedOutput(PUSH, (table, state_bytes(rows), published))
 
     @on_timer(_RELEASE)
     def release(
@@ -212,9 +217,8 @@ class UserShardFn(beam.DoFn):  # type: ignore[misc]
         """Release every impression due by now not released yet; compact the
         state when it is due (:func:`~.tables.due_for_compaction`)."""
         assert self._dims is not None
-        fire = fire_at.micros // 1000
-        until = released.read()
-        if until is not None and fire <= until:
+        fired = newly_fired(fire_at, released)
+        if fired is None:
             return  # a later due time fired first and released these
         state = _MIRROR.open(key, token, _bags(history, notes))
         by_kind = _by_kind(state)
@@ -222,7 +226,8 @@ class UserShardFn(beam.DoFn):  # type: ignore[misc]
         winners = winners_of(by_kind.get(WINNERS, []))
         # The history is deduped, evicted and rewritten only now and then, or
         # when a notice is forgotten: the copies it drops must be gone first.
-        forgets = compact_winners(winners, fire, self._config).num_rows < len(winners)
+        still_needed = compact_winners(winners, fired.fire, self._config)
+        forgets = still_needed.num_rows < len(winners)
         compact = forgets or due_for_compaction(len(by_kind.get("events", [])))
         result = release_user_shard(
             events,
@@ -231,14 +236,13 @@ class UserShardFn(beam.DoFn):  # type: ignore[misc]
                 k: concatenated(by_kind.get(k, []), answer_schema(k))
                 for k in ENTITY_KINDS
             },
-            released_until=np.iinfo(np.int64).min if until is None else until,
-            fire=fire,
+            released_until=fired.after,
+            fire=fired.fire,
             dims=self._dims,
             config=self._config,
             winners=winners,
             compact=compact,
         )
-        released.write(fire)
         if compact:
             kept = [("events", result.events)]
             if result.dropped.num_rows:
