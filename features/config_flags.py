@@ -40,10 +40,17 @@ def positive_float(text: str) -> float:
     return value
 
 
-def _value_type(hint: Any) -> type:
-    """``int | None`` -> ``int``: the type a flag's text converts to."""
+def _value_type(hint: Any) -> type | None:
+    """``int | None`` -> ``int``: the type a flag's text converts to; None
+    where the hint is no one class (``int | str``, ``list[str]``), for a flag
+    that names its own ``type`` or takes text."""
     if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
-        (hint,) = (arg for arg in typing.get_args(hint) if arg is not type(None))
+        kinds = [arg for arg in typing.get_args(hint) if arg is not type(None)]
+        if len(kinds) != 1:
+            return None
+        (hint,) = kinds
+    if typing.get_origin(hint) is not None:
+        return None
     return typing.cast(type, hint)
 
 
@@ -109,7 +116,10 @@ def add_config_flags(
             dataclass a command shares with others).
 
     A field without a default is a required flag; a ``bool`` field is an
-    on switch, or with a True default an off switch.
+    on switch, or with a True default an off switch (its ``action`` may be
+    another: ``argparse.BooleanOptionalAction`` for a ``bool | None``); a
+    field typed as no one class (``int | str``, ``list[str]``) converts its
+    text with the flag's own ``type``, or keeps it as text.
     """
     hints = typing.get_type_hints(config)
     fields = {
@@ -135,7 +145,7 @@ def add_config_flags(
                 # so the field's default stands (and --help shows none).
                 options.update(action="store_false", default=argparse.SUPPRESS)
                 spelled = field.metadata[FLAG] or "--no-" + name.replace("_", "-")
-        else:
+        elif value_type is not None:
             options["type"] = value_type
             options["metavar"] = _metavar(name, value_type)
         options.update(field.metadata[ARGPARSE])

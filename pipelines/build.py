@@ -30,8 +30,9 @@ from features.cli import (
     no_broker,
     run_command,
 )
+from features.config_flags import config_fields
 from pipelines.beam.beam_flags import add_beam_arguments
-from pipelines.beam.flags import add_build_arguments
+from pipelines.beam.flags import BuildConfig, add_build_arguments
 from pipelines.streaming.flags import add_streaming_arguments
 
 MODULE = "pipelines.build"
@@ -103,13 +104,14 @@ def _build(args: argparse.Namespace, argv: Sequence[str]) -> int:
         # (what fails is said once, below).
         logging.getLogger("apache_beam").setLevel(logging.WARNING)
         logging.getLogger("kafka").setLevel(logging.CRITICAL)
-    if not args.input:
+    config = BuildConfig(**config_fields(args, BuildConfig))
+    if not config.input:
         raise CommandError(
             "--input is required",
             "give the data set folder (pipelines.generate or pipelines.movielens "
             "writes one)",
         )
-    if not args.streaming and not args.output:
+    if not args.streaming and not config.output:
         raise CommandError("--output is required", "give a folder for the features")
     try:
         summary = run(beam_argv(argv))

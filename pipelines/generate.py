@@ -16,98 +16,79 @@ writes the output directory and hands the events to the Kafka publisher
 from __future__ import annotations
 
 import argparse
-import datetime as dt
+import dataclasses
 import json
 import sys
 import time
+import typing
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Final
+from dataclasses import field
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 from features.cli import CommandError, CommandParser, run_command
+from features.config_flags import add_config_flags, config_fields, flag, positive_int
 from features.kafka.settings import add_kafka_arguments
+from pipelines.sources.generator_arguments import GeneratorArguments
 
 if TYPE_CHECKING:
     from pipelines.sources.synthetic import GeneratorConfig
 
-# pipelines.sources.synthetic.writer.FORMATS, which loads pyarrow (tests hold the two
-# equal).
-EVENT_FORMATS: Final = ("parquet", "jsonl")
+# pipelines.sources.synthetic.writer's EventFormat and FORMATS, which load pyarrow
+# (tests hold them equal).
+EventFormat = Literal["parquet", "jsonl"]
+EVENT_FORMATS: Final = typing.get_args(EventFormat)
 
 
-def _date(text: str) -> dt.date:
-    try:
-        return dt.date.fromisoformat(text)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(
-            f"expected YYYY-MM-DD, got {text!r}"
-        ) from error
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class GenerateConfig:
+    """What the command adds to the generator's arguments: where the data set
+    goes, and the drift of the freshness scenario."""
+
+    output: str | None = field(
+        default=None, metadata=flag("output directory (events, tables, truth)")
+    )
+    format: EventFormat = field(
+        default="parquet",
+        metadata=flag(
+            "event files: Parquet or JSON lines, one folder per day",
+            choices=EVENT_FORMATS,
+        ),
+    )
+    # One rate for every domain: ModelParams.base_logit_drift_per_day.
+    drift_per_day: float = field(
+        default=0.0,
+        metadata=flag(
+            "base-rate drift: logit units added to every domain's click and "
+            "conversion intercepts per day (the freshness scenario; default 0, off)"
+        ),
+    )
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PublishConfig:
+    """With ``--topic``, the events also go to Kafka."""
+
+    topic: str | None = field(
+        default=None, metadata=flag("publish the events to this topic")
+    )
+    partitions: int = field(
+        default=8, metadata=flag("if the topic is created", type=positive_int)
+    )
+    rate: float | None = field(
+        default=None,
+        metadata=flag("events per second (default: as fast as possible)"),
+    )
 
 
 def build_parser() -> CommandParser:
     """The CLI's argument parser (generator options plus the Kafka flags)."""
     parser = CommandParser("pipelines.generate", __doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--users", type=_positive_int, required=True, help="users in the world"
-    )
-    parser.add_argument(
-        "--ads", type=_positive_int, required=True, help="ads in the world"
-    )
-    parser.add_argument(
-        "--days", type=_positive_int, required=True, help="days of events"
-    )
-    parser.add_argument(
-        "--seed", type=int, default=0, help="random seed: same seed, same data set"
-    )
-    parser.add_argument("--output", help="output directory (events, tables, truth)")
-    parser.add_argument(
-        "--format",
-        choices=EVENT_FORMATS,
-        default="parquet",
-        help="event files: Parquet or JSON lines, one folder per day",
-    )
-    parser.add_argument(
-        "--start", type=_date, default=dt.date(2026, 10, 1), help="first day (UTC)"
-    )
-    parser.add_argument(
-        "--events-per-user-day",
-        type=float,
-        default=10.0,
-        help="mean events per user and day",
-    )
-    parser.add_argument(
-        "--contents", type=_positive_int, help="organic content items (default 5 x ads)"
-    )
-    parser.add_argument(
-        "--duplicate-rate",
-        type=float,
-        default=0.002,
-        help="probability that an event is logged twice (same event_id)",
-    )
-    parser.add_argument(
-        "--drift-per-day",
-        type=float,
-        default=0.0,
-        help="base-rate drift: logit units added to every domain's click and "
-        "conversion intercepts per day (the freshness scenario; default 0, off)",
-    )
-
+    add_config_flags(parser, GeneratorArguments)
+    add_config_flags(parser, GenerateConfig)
     publish = parser.add_argument_group(
         "Kafka publishing", "With --topic, the events are also sent to Kafka."
     )
-    publish.add_argument("--topic", help="publish the events to this topic")
-    publish.add_argument(
-        "--partitions", type=_positive_int, default=8, help="if the topic is created"
-    )
-    publish.add_argument(
-        "--rate", type=float, help="events per second (default: as fast as possible)"
-    )
+    add_config_flags(publish, PublishConfig)
     add_kafka_arguments(parser)
     return parser
 
@@ -116,22 +97,23 @@ def config_from_args(args: argparse.Namespace) -> GeneratorConfig:
     """The generator configuration the arguments describe."""
     from pipelines.sources.synthetic import GeneratorConfig, ModelParams
 
+    drift = args.drift_per_day
     return GeneratorConfig(
-        users=args.users,
-        ads=args.ads,
-        days=args.days,
-        seed=args.seed,
-        start=args.start,
-        events_per_user_day=args.events_per_user_day,
-        contents=args.contents,
-        duplicate_rate=args.duplicate_rate,
-        params=ModelParams(base_logit_drift_per_day=(args.drift_per_day,) * 3)
-        if args.drift_per_day
+        **config_fields(args, GeneratorArguments),
+        params=ModelParams(base_logit_drift_per_day=(drift,) * 3)
+        if drift
         else ModelParams(),
     )
 
 
-def _publish(events: Any, args: argparse.Namespace) -> dict[str, Any]:
+def _publish(
+    events: Any,
+    args: argparse.Namespace,
+    topic: str,
+    *,
+    partitions: int,
+    rate: float | None,
+) -> dict[str, Any]:
     """Send the events to Kafka (imports the Kafka code only when asked to)."""
     from features.kafka import KafkaSettings, ensure_topics
     from pipelines.sources.event_stream import publish_events
@@ -142,10 +124,10 @@ def _publish(events: Any, args: argparse.Namespace) -> dict[str, Any]:
             "--topic needs --kafka-bootstrap",
             "an embedded broker would stop when the generator exits",
         )
-    ensure_topics(settings, {args.topic: args.partitions})
-    report = publish_events(events, settings, args.topic, rate=args.rate)
+    ensure_topics(settings, {topic: partitions})
+    report = publish_events(events, settings, topic, rate=rate)
     return {
-        "topic": args.topic,
+        "topic": topic,
         "messages": report.messages,
         "bytes": report.bytes,
         "seconds": round(report.seconds, 3),
@@ -164,9 +146,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _generate(parser: CommandParser, args: argparse.Namespace) -> int:
-    if args.output is None and args.topic is None:
+    run = GenerateConfig(**config_fields(args, GenerateConfig))
+    publish = PublishConfig(**config_fields(args, PublishConfig))
+    if run.output is None and publish.topic is None:
         parser.error("nothing to do: give --output and/or --topic")
-    if args.rate is not None and args.rate <= 0:
+    if publish.rate is not None and publish.rate <= 0:
         parser.error("--rate must be positive")
     try:
         config = config_from_args(args)
@@ -184,12 +168,18 @@ def _generate(parser: CommandParser, args: argparse.Namespace) -> int:
         "max_events_per_user": data.max_events_per_user,
         "generate_seconds": round(generated - started, 3),
     }
-    if args.output is not None:
-        write_dataset(data, args.output, args.format)
-        summary["output"] = str(args.output)
+    if run.output is not None:
+        write_dataset(data, run.output, run.format)
+        summary["output"] = run.output
         summary["write_seconds"] = round(time.perf_counter() - generated, 3)
-    if args.topic is not None:
-        summary["kafka"] = _publish(data.events, args)
+    if publish.topic is not None:
+        summary["kafka"] = _publish(
+            data.events,
+            args,
+            publish.topic,
+            partitions=publish.partitions,
+            rate=publish.rate,
+        )
     json.dump(summary, sys.stdout, indent=2)
     sys.stdout.write("\n")
     return 0

@@ -4,12 +4,15 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import field
 from pathlib import Path
 
 from features.cli import CommandError, CommandParser, run_command
+from features.config_flags import add_config_flags, config_fields, flag
 
 DESCRIPTION = """\
 Convert MovieLens (ml-100k or ml-1m, detected from its files) into the
@@ -17,22 +20,26 @@ project's events and users / ads / contents tables, the layout
 pipelines.generate writes. Reads the source in place."""
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MovieLensConfig:
+    """One conversion of a MovieLens folder."""
+
+    source: Path = field(
+        metadata=flag(
+            "MovieLens folder: u.data, u.user, u.item (ml-100k) or "
+            "ratings.dat, users.dat, movies.dat (ml-1m)"
+        )
+    )
+    output: Path = field(metadata=flag("output folder"))
+    overwrite: bool = field(
+        default=False, metadata=flag("replace an existing events/ folder in --output")
+    )
+
+
 def build_parser() -> CommandParser:
-    """The command's flags."""
+    """The command's flags (:class:`MovieLensConfig`'s)."""
     parser = CommandParser("pipelines.movielens", DESCRIPTION)
-    parser.add_argument(
-        "--source",
-        type=Path,
-        required=True,
-        help="MovieLens folder: u.data, u.user, u.item (ml-100k) or "
-        "ratings.dat, users.dat, movies.dat (ml-1m)",
-    )
-    parser.add_argument("--output", type=Path, required=True, help="output folder")
-    parser.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="replace an existing OUTPUT/events directory",
-    )
+    add_config_flags(parser, MovieLensConfig)
     return parser
 
 
@@ -40,9 +47,10 @@ def _convert(args: argparse.Namespace) -> int:
     from pipelines.sources.movielens import run
     from pipelines.sources.movielens_files import LayoutError
 
+    config = MovieLensConfig(**config_fields(args, MovieLensConfig))
     started = time.perf_counter()
     try:
-        manifest = run(args.source, args.output, overwrite=args.overwrite)
+        manifest = run(config.source, config.output, overwrite=config.overwrite)
     except (LayoutError, FileExistsError) as error:
         raise CommandError(str(error)) from error
     elapsed = time.perf_counter() - started
@@ -51,7 +59,7 @@ def _convert(args: argparse.Namespace) -> int:
         f"{manifest['layout']}: {counts['ratings']:,} ratings -> "
         f"{counts['events']:,} events over {counts['days']} days, "
         f"{counts['users']:,} users, {counts['ads']:,} ads "
-        f"in {elapsed:.1f} s -> {args.output}"
+        f"in {elapsed:.1f} s -> {config.output}"
     )
     for domain, by_action in manifest["counts_by_domain_action"].items():
         line = "  ".join(f"{a}={c:,}" for a, c in by_action.items())

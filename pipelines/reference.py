@@ -4,14 +4,17 @@ feature job (:mod:`pipelines.core.reference`)."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import shutil
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import field
 from pathlib import Path
 
 from features.cli import CommandError, CommandParser, run_command
+from features.config_flags import add_config_flags, config_fields, flag
 
 DESCRIPTION = """\
 The feature job in one process: the oracle the Beam job (python -m
@@ -20,26 +23,30 @@ contents), writes examples, timelines, feature tables, dead letters and
 summary.json in the layout of features.feature_tables.OUTPUT_LAYOUT."""
 
 
-def build_parser() -> CommandParser:
-    """The command's flags."""
-    parser = CommandParser("pipelines.reference", DESCRIPTION)
-    parser.add_argument(
-        "--input",
-        type=Path,
-        required=True,
-        help="data set folder (pipelines.generate or pipelines.movielens output)",
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ReferenceConfig:
+    """One run of the single-process feature job."""
+
+    input: Path = field(
+        metadata=flag(
+            "data set folder (pipelines.generate or pipelines.movielens output)"
+        )
     )
-    parser.add_argument("--output", type=Path, required=True, help="output folder")
-    parser.add_argument(
-        "--now-ms",
-        type=int,
+    output: Path = field(metadata=flag("output folder"))
+    now_ms: int | None = field(
         default=None,
-        help="validation clock in epoch ms (default: the input manifest's "
-        "validation_now_ms, else the wall clock)",
+        metadata=flag(
+            "validation clock in epoch ms (default: the input manifest's "
+            "validation_now_ms, else the wall clock)"
+        ),
     )
-    parser.add_argument(
-        "--overwrite", action="store_true", help="replace an earlier output"
-    )
+    overwrite: bool = field(default=False, metadata=flag("replace an earlier output"))
+
+
+def build_parser() -> CommandParser:
+    """The command's flags (:class:`ReferenceConfig`'s)."""
+    parser = CommandParser("pipelines.reference", DESCRIPTION)
+    add_config_flags(parser, ReferenceConfig)
     return parser
 
 
@@ -53,9 +60,10 @@ def _reference(args: argparse.Namespace) -> int:
         write_output,
     )
 
-    out: Path = args.output
+    config = ReferenceConfig(**config_fields(args, ReferenceConfig))
+    out = config.output
     existing = [p for p in OUTPUT_PARTS if (out / p).exists()]
-    if existing and not args.overwrite:
+    if existing and not config.overwrite:
         raise CommandError(f"{out} already holds {existing}", "pass --overwrite")
     for part in existing:
         path = out / part
@@ -63,8 +71,8 @@ def _reference(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     # The Beam job's allocator settings (it applies them too): a fair peer.
     reuse_freed_memory()
-    now_ms = validation_clock(args.input, args.now_ms)
-    events, origins, users, ads, contents = read_event_input(args.input, now_ms)
+    now_ms = validation_clock(config.input, config.now_ms)
+    events, origins, users, ads, contents = read_event_input(config.input, now_ms)
     output = build_reference(
         events, users, ads, contents, now_ms=now_ms, origins=origins
     )

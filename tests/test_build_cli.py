@@ -8,6 +8,7 @@ flags and the light ``--help`` are tests/test_commands.py's.
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -18,6 +19,7 @@ import pytest
 from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentParser
 from apache_beam.runners.runner import PipelineState
 
+from features.config_flags import config_fields
 from pipelines.batch.inputs import ReadEvents, find_event_files
 from pipelines.batch.progress import files_read, follow
 from pipelines.batch.tuning import (
@@ -30,11 +32,14 @@ from pipelines.batch.tuning import (
 )
 from pipelines.batch.validate import ValidateEvents
 from pipelines.beam import beam_flags
+from pipelines.beam.flags import BuildConfig
 from pipelines.beam.runner import use_local_prism
 from pipelines.build import beam_argv, build_parser
 from pipelines.generate import EVENT_FORMATS
 from pipelines.sources.synthetic import GeneratorConfig, generate_dataset
 from pipelines.sources.synthetic.writer import FORMATS
+from pipelines.streaming.flags import StreamingJobConfig
+from pipelines.streaming.job import StreamingOptions
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -153,6 +158,19 @@ def test_the_cached_table_holds_every_flag_beam_parses(
 
 def test_the_generator_s_formats_are_the_writer_s() -> None:
     assert EVENT_FORMATS == FORMATS
+
+
+def test_both_parsers_give_the_dataclasses_defaults_and_values() -> None:
+    given = ["--input", "in", "--worker-threads", "2", "--no-tune-allocator"]
+    changed = {"input": "in", "worker_threads": 2, "tune_allocator": False}
+    command = build_parser()
+    beam_view = PipelineOptions(given).view_as(StreamingOptions).get_all_options()
+    for args in (command.parse_args(given), argparse.Namespace(**beam_view)):
+        assert BuildConfig(**config_fields(args, BuildConfig)) == BuildConfig(**changed)
+        streaming = StreamingJobConfig(**config_fields(args, StreamingJobConfig))
+        assert streaming == StreamingJobConfig()
+    args = command.parse_args(["--input", "in", "--worker-threads", "auto"])
+    assert BuildConfig(**config_fields(args, BuildConfig)) == BuildConfig(input="in")
 
 
 @pytest.mark.parametrize(

@@ -248,14 +248,24 @@ COMMANDS: dict[str, set[str]] = {
     | KAFKA_FLAGS,
 }
 
+# command -> subcommand -> the flags its --help lists.
+SUBCOMMANDS: dict[str, dict[str, set[str]]] = {
+    "pipelines.feast": {
+        "validate": set(),
+        "apply": set(),
+        "materialize": {"--start", "--end", "--views", "--engine"},
+    },
+}
+
 _FLAG = re.compile(r"(?<![\w-])(--[a-z][a-z0-9_-]*)")
 
 
-def _help(module: str) -> tuple[str, list[str]]:
-    """``--help`` of ``module`` in a fresh interpreter, and what it loaded."""
+def _help(module: str, *before: str) -> tuple[str, list[str]]:
+    """``--help`` of ``module`` (after ``before``: a subcommand's) in a fresh
+    interpreter, and what it loaded."""
     script = (
         "import json, runpy, sys\n"
-        f"sys.argv = [{module!r}, '--help']\n"
+        f"sys.argv = [{module!r}, *{list(before)!r}, '--help']\n"
         "try:\n"
         f"    runpy.run_module({module!r}, run_name='__main__', alter_sys=True)\n"
         "except SystemExit as stop:\n"
@@ -279,6 +289,24 @@ def test_help_lists_the_pinned_flags_and_stays_light(module: str) -> None:
         assert {"--runner", "--direct_num_workers", "--streaming"} <= listed
         listed &= COMMANDS[module] | {"--log-level"}
     assert listed == COMMANDS[module] | {"--log-level"}
+
+
+@pytest.mark.parametrize(
+    ("module", "command"),
+    [
+        (module, command)
+        for module, subs in sorted(SUBCOMMANDS.items())
+        for command in subs
+    ],
+)
+def test_subcommand_help_lists_the_pinned_flags_and_stays_light(
+    module: str, command: str
+) -> None:
+    text, loaded = _help(module, command)
+    assert text.startswith(f"usage: python -m {module} {command} ")
+    roots = {name.split(".")[0] for name in loaded}
+    assert not roots & {*HEAVY, "apache_beam"}
+    assert set(_FLAG.findall(text)) - {"--help"} == SUBCOMMANDS[module][command]
 
 
 @pytest.mark.parametrize("module", sorted(COMMANDS))

@@ -14,16 +14,19 @@ import shutil
 import subprocess
 import sys
 import uuid
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 from feast import FeatureStore
 
+from features.config_flags import config_fields
 from features.feature_tables import FEATURE_TABLES
 from pipelines.feast import command as feast_command
 from pipelines.feast import ops as feast_ops
 from pipelines.feast import retrieval as feast_retrieval
+from pipelines.feast.command import MaterializeConfig, StoreConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 FEAST = Path(sys.executable).with_name("feast")
@@ -100,6 +103,22 @@ def test_feast_ops_help_names_the_default_state_and_sources() -> None:
     text = feast_command.build_parser().format_help()
     assert "feature_repo/data/" in text
     assert "$GEM_FEATURES_DIR" in text
+
+
+def test_the_materialize_flags_are_the_window_s_fields() -> None:
+    parser = feast_command.build_parser()
+    args = parser.parse_args(
+        ["materialize", "--views", "a", "b", "--end", "2030-01-02"]
+    )
+    window = MaterializeConfig(**config_fields(args, MaterializeConfig))
+    end = datetime(2030, 1, 2, tzinfo=UTC)
+    assert window == MaterializeConfig(views=["a", "b"], end=end)
+    before = datetime.now(UTC)
+    args = parser.parse_args(["--project", "p", "validate"])
+    assert StoreConfig(**config_fields(args, StoreConfig)) == StoreConfig(project="p")
+    default = parser.parse_args(["materialize"])
+    # Read once, when the flags are parsed: every view gets the same end.
+    assert before <= default.end <= datetime.now(UTC)
 
 
 def test_feast_ops_reads_the_contracts_time_column() -> None:

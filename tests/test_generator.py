@@ -485,6 +485,11 @@ def test_cli_writes_the_output_directory(
     assert first >= dt.datetime(2026, 3, 1, tzinfo=dt.UTC)
 
 
+def test_cli_defaults_are_the_config_s() -> None:
+    args = cli.build_parser().parse_args(["--users", "3", "--ads", "2", "--days", "1"])
+    assert cli.config_from_args(args) == GeneratorConfig(users=3, ads=2, days=1)
+
+
 def test_cli_rejects_bad_arguments(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -6,6 +6,7 @@ no preset flag (the checkpoint carries the model's configuration)."""
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from trainer.distill import command as distill_command
 from trainer.distill import daemon as student_daemon_command
 from trainer.distill import teacher_outputs as teacher_outputs_command
 from trainer.distill import teacher_pass as teacher_outputs
+from trainer.distill import teacher_stream as teacher_stream_command
 from trainer.distill.records import read_teacher_outputs
 from trainer.distill.run_config import (
     FULL,
@@ -31,6 +33,9 @@ from trainer.distill.run_config import (
 )
 from trainer.distill.student import STUDENT_PRESETS
 from trainer.distill.teacher import load_teacher
+from trainer.distill.teacher_outputs import TeacherOutputsConfig
+from trainer.distill.teacher_stream import TeacherStreamConfig
+from trainer.distill.teacher_topic import run_stream
 from trainer.distributed.model_parallel import DEFAULT_MIN_ROWS
 from trainer.distributed.strategy import SHARDINGS as SHARDING_MODES
 from trainer.distributed.tables import EMBEDDING_OPTIMIZERS as SHARDING_OPTIMIZERS
@@ -113,6 +118,26 @@ def test_flag_defaults_are_the_dataclasses() -> None:
         ["--examples", "e", "--teacher", "t", "--output", "o"]
     )
     assert outputs_args.batch_size == teacher_outputs.DEFAULT_BATCH_SIZE
+    outputs = TeacherOutputsConfig(**config_fields(outputs_args, TeacherOutputsConfig))
+    assert outputs == TeacherOutputsConfig(
+        examples=Path("e"), teacher=Path("t"), output=Path("o")
+    )
+
+
+def test_the_teacher_stream_flags_are_run_stream_s_keywords() -> None:
+    required = ["--examples-topic", "e", "--output-topic", "o", "--teacher", "t"]
+    args = teacher_stream_command.build_parser().parse_args(
+        [*required, "--checkpoint-dir", "c"]
+    )
+    config = TeacherStreamConfig(**config_fields(args, TeacherStreamConfig))
+    assert config == TeacherStreamConfig(
+        examples_topic="e",
+        output_topic="o",
+        teacher_path=Path("t"),
+        checkpoint_dir=Path("c"),
+    )
+    keywords = inspect.signature(run_stream).parameters.keys() - {"settings"}
+    assert {f.name for f in dataclasses.fields(config)} - {"threads"} == keywords
 
 
 def _one_line_error(capsys: pytest.CaptureFixture[str], prog: str) -> str:

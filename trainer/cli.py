@@ -8,7 +8,9 @@ from its run's dataclass, :mod:`features.config_flags`).
   file there that does not parse;
 - :func:`require_cluster` / :func:`kafka_settings`: the commands that read
   topics others publish into say in their help that they need a cluster,
-  and refuse to start an (empty) embedded broker instead.
+  and refuse to start an (empty) embedded broker instead;
+- the help of the flags several commands share (:data:`CHECKPOINT_HELP`,
+  :data:`THREADS_HELP`, :data:`REPORT_HELP`).
 """
 
 from __future__ import annotations
@@ -101,8 +103,11 @@ def kafka_settings(args: argparse.Namespace, *, why: str) -> Any:
     return settings
 
 
+# The help of the flags several commands' dataclasses share.
 CHECKPOINT_HELP = (
     "teacher checkpoint: a file, or a folder (its newest that verifies), as "
     "trainer.daemon and trainer.fit write them; the model is the one it "
     "describes"
 )
+THREADS_HELP = "torch intra-op threads"
+REPORT_HELP = "where the JSON report goes"

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from collections.abc import Sequence
+from dataclasses import field
 from pathlib import Path
 
 from features.cli import CommandError, CommandParser, run_command
-from features.config_flags import add_config_flags, config_fields
-from trainer.cli import feature_dir, start_torch
+from features.config_flags import add_config_flags, config_fields, flag
+from trainer.cli import REPORT_HELP, feature_dir, start_torch
 from trainer.training.run_config import FitConfig
 
 DESCRIPTION = """\
@@ -22,30 +24,32 @@ per (domain, objective); --save writes the trained model as a checkpoint that
 carries its configuration (what python -m trainer.distill reads)."""
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class FitOutputs:
+    """Where ``python -m trainer.fit`` writes what it made."""
+
+    metrics_out: Path = field(metadata=flag(REPORT_HELP, metavar="FILE"))
+    save: Path | None = field(
+        default=None,
+        metadata=flag(
+            "write the evaluated model there as a checkpoint that carries its "
+            "configuration (a folder of its own: a checkpoint there is replaced)"
+        ),
+    )
+
+
 def build_parser() -> CommandParser:
     """The flags of ``python -m trainer.fit``."""
     parser = CommandParser("trainer.fit", DESCRIPTION)
     add_config_flags(parser, FitConfig)
-    parser.add_argument(
-        "--metrics-out",
-        type=Path,
-        required=True,
-        metavar="FILE",
-        help="where the JSON report goes",
-    )
-    parser.add_argument(
-        "--save",
-        type=Path,
-        metavar="DIR",
-        help="write the evaluated model there as a checkpoint that carries its "
-        "configuration (a folder of its own: a checkpoint there is replaced)",
-    )
+    add_config_flags(parser, FitOutputs)
     return parser
 
 
 def run(args: argparse.Namespace) -> int:
     """Check the input, train, write the report (and the checkpoint)."""
     cfg = FitConfig(**config_fields(args, FitConfig))
+    outputs = FitOutputs(**config_fields(args, FitOutputs))
     if cfg.recalibrate and cfg.validation is None:
         raise CommandError("--recalibrate needs --validation", "add --validation DIR")
     feature_dir("--train", cfg.train)
@@ -61,10 +65,10 @@ def run(args: argparse.Namespace) -> int:
         train_data=train,
         eval_data=evals,
         validation_data=validation,
-        save_dir=args.save,
+        save_dir=outputs.save,
     )
-    args.metrics_out.parent.mkdir(parents=True, exist_ok=True)
-    args.metrics_out.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+    outputs.metrics_out.parent.mkdir(parents=True, exist_ok=True)
+    outputs.metrics_out.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
     print(fit.format_table(report))
     return 0
 

@@ -13,14 +13,17 @@ seconds to load); the work is :mod:`pipelines.feast.ops`'.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import time
 from collections.abc import Sequence
+from dataclasses import field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final
 
 from features.cli import CommandError, CommandParser, HelpFormatter, run_command
+from features.config_flags import add_config_flags, config_fields, flag
 from pipelines.feast.ops import (
     CONFIG_FILES,
     ENDPOINT_DEFAULTS,
@@ -28,6 +31,7 @@ from pipelines.feast.ops import (
     ENV_VAR,
     REDIS_VAR,
     REGISTRY_URL_VAR,
+    Engine,
     Env,
     FeatureTableError,
     apply,
@@ -58,36 +62,84 @@ def parse_time(text: str) -> datetime:
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class StoreConfig:
+    """Which feature store every subcommand works on."""
+
+    env: str | None = field(
+        default=None,
+        metadata=flag(
+            f"the configuration (default: ${ENV_VAR}, else local)",
+            choices=sorted(CONFIG_FILES),
+        ),
+    )
+    features_dir: Path | None = field(
+        default=None,
+        metadata=flag(
+            "the feature job's output, with feature_tables/ inside (default: "
+            "$GEM_FEATURES_DIR, else demo-output/features once written, else "
+            "empty tables: see feature_repo/README.md)"
+        ),
+    )
+    state_dir: Path | None = field(
+        default=None,
+        metadata=flag(
+            "local only: the file registry and SQLite online store (default: "
+            "the yaml's, feature_repo/data/)"
+        ),
+    )
+    project: str | None = field(
+        default=None,
+        metadata=flag(
+            "Feast project, which namespaces every table and key (default: the "
+            "yaml's, gem_ads)"
+        ),
+    )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MaterializeConfig:
+    """The window and views of ``materialize``."""
+
+    start: datetime | None = field(
+        default=None,
+        metadata=flag(
+            "window start, ISO-8601 (UTC if naive); without it: incremental, "
+            "from each view's last materialization",
+            type=parse_time,
+        ),
+    )
+    # None: now (pipelines.feast.ops.materialize); the flag reads the clock
+    # once, so every view gets the same end.
+    end: datetime | None = field(
+        default=None,
+        metadata=flag(
+            "window end, ISO-8601 (UTC if naive) or now",
+            written_default="now",
+            type=parse_time,
+        ),
+    )
+    views: list[str] | None = field(
+        default=None,
+        metadata=flag(
+            "the feature views to materialize (default: every online view)",
+            nargs="+",
+        ),
+    )
+    engine: Engine | None = field(
+        default=None,
+        metadata=flag(
+            "batch engine: arrow (pipelines.feast.engine) or feast (Feast's "
+            "stock local engine) (default: the yaml's, arrow)",
+            choices=sorted(ENGINES),
+        ),
+    )
+
+
 def build_parser() -> CommandParser:
     """The command's flags (nothing heavy imported)."""
     parser = CommandParser("pipelines.feast", __doc__.splitlines()[0])
-    parser.add_argument(
-        "--env",
-        choices=sorted(CONFIG_FILES),
-        default=None,
-        help=f"the configuration (default: ${ENV_VAR}, else local)",
-    )
-    parser.add_argument(
-        "--features-dir",
-        type=Path,
-        default=None,
-        help="the feature job's output, with feature_tables/ inside (default: "
-        "$GEM_FEATURES_DIR, else demo-output/features once written, else empty "
-        "tables: see feature_repo/README.md)",
-    )
-    parser.add_argument(
-        "--state-dir",
-        type=Path,
-        default=None,
-        help="local only: the file registry and SQLite online store (default: "
-        "the yaml's, feature_repo/data/)",
-    )
-    parser.add_argument(
-        "--project",
-        default=None,
-        help="Feast project, which namespaces every table and key (default: the "
-        "yaml's, gem_ads)",
-    )
+    add_config_flags(parser, StoreConfig)
     # Subcommands are plain parsers: the top-level CommandParser already
     # checks every flag, theirs included, before argparse sees them.
     commands = parser.add_subparsers(
@@ -106,33 +158,7 @@ def build_parser() -> CommandParser:
         )
         for name, text in COMMANDS.items()
     }
-    materialize_flags = subs["materialize"]
-    materialize_flags.add_argument(
-        "--start",
-        type=parse_time,
-        default=None,
-        help="window start, ISO-8601 (UTC if naive); without it: incremental, "
-        "from each view's last materialization",
-    )
-    materialize_flags.add_argument(
-        "--end",
-        type=parse_time,
-        default="now",
-        help="window end, ISO-8601 (UTC if naive) or now",
-    )
-    materialize_flags.add_argument(
-        "--views",
-        nargs="+",
-        default=None,
-        help="the feature views to materialize (default: every online view)",
-    )
-    materialize_flags.add_argument(
-        "--engine",
-        choices=sorted(ENGINES),
-        default=None,
-        help="batch engine: arrow (pipelines.feast.engine) or feast (Feast's "
-        "stock local engine) (default: the yaml's, arrow)",
-    )
+    add_config_flags(subs["materialize"], MaterializeConfig)
     return parser
 
 
@@ -162,14 +188,17 @@ def _endpoint_error(error: BaseException) -> CommandError | None:
 
 def run(args: argparse.Namespace) -> int:
     """Run one parsed command (see the module docstring)."""
-    env = feast_env(args.env)
+    store = StoreConfig(**config_fields(args, StoreConfig))
+    # validate and apply take no window: theirs is the defaults.
+    window = MaterializeConfig(**config_fields(args, MaterializeConfig))
+    env = feast_env(store.env)
     features_dir: Path = (
-        args.features_dir.resolve()
-        if args.features_dir
+        store.features_dir.resolve()
+        if store.features_dir
         else repo_module("sources").features_dir()
     )
     try:
-        return _run(args, env, features_dir)
+        return _run(args.command, env, store, window, features_dir)
     except FeatureTableError as error:
         raise CommandError(
             str(error).replace(":\n  ", ": ").replace("\n  ", "; "),
@@ -183,31 +212,37 @@ def run(args: argparse.Namespace) -> int:
         raise line from error
 
 
-def _run(args: argparse.Namespace, env: Env, features_dir: Path) -> int:
+def _run(
+    command: str,
+    env: Env,
+    config: StoreConfig,
+    window: MaterializeConfig,
+    features_dir: Path,
+) -> int:
     from feast import FeatureStore
 
     from features.cli import progress
 
-    if args.command in ("validate", "apply") and not features_dir.is_dir():
+    if command in ("validate", "apply") and not features_dir.is_dir():
         raise CommandError(
             f"features dir {features_dir} does not exist",
             "run the feature job (python -m pipelines.build --output DIR) and "
             "point --features-dir or $GEM_FEATURES_DIR at DIR",
         )
-    if args.command == "validate":
+    if command == "validate":
         validate_feature_tables(features_dir)
         print(f"ok: {_table_count()} feature tables in {features_dir}")
         return 0
     store = FeatureStore(
         config=repo_config(
             env,
-            state_dir=args.state_dir,
-            project=args.project,
-            engine=getattr(args, "engine", None),
+            state_dir=config.state_dir,
+            project=config.project,
+            engine=window.engine,
         )
     )
     started = time.perf_counter()
-    if args.command == "apply":
+    if command == "apply":
         objects = apply(store, features_dir)
         print(
             f"applied {len(objects.views)} views and {len(objects.services)} "
@@ -220,23 +255,24 @@ def _run(args: argparse.Namespace, env: Env, features_dir: Path) -> int:
                 f"project {store.project} has no online feature views",
                 "run `python -m pipelines.feast apply` first",
             )
-        unknown = sorted(set(args.views or ()) - set(online))
+        views = window.views
+        unknown = sorted(set(views or ()) - set(online))
         if unknown:
             raise CommandError(
                 f"no online feature view named {', '.join(unknown)} in project "
                 f"{store.project}",
                 f"choose from {', '.join(sorted(online))}",
             )
-        names = [n for n in online if args.views is None or n in args.views]
+        names = [n for n in online if views is None or n in views]
         # One view at a time: the bar counts views done, which is true.
         with progress("materializing views", total=len(names)) as bar:
             for name in names:
                 materialize(
-                    store, end=args.end, start=args.start, views=[name], quiet=True
+                    store, end=window.end, start=window.start, views=[name], quiet=True
                 )
                 print(f"materialized {name}")
                 bar.advance()
-    print(f"{args.command} took {time.perf_counter() - started:.1f} s")
+    print(f"{command} took {time.perf_counter() - started:.1f} s")
     return 0
 
 

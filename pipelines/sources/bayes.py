@@ -29,15 +29,18 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import sys
 from collections.abc import Sequence
+from dataclasses import field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from features import vocab
 from features.cli import CommandError, CommandParser, run_command
+from features.config_flags import add_config_flags, config_fields, flag
 from features.json_report import json_safe
 
 if TYPE_CHECKING:
@@ -176,16 +179,30 @@ def _entropy(rate: float) -> float:
     return -(rate * math.log(rate) + (1 - rate) * math.log1p(-rate))
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BayesConfig:
+    """What ``python -m pipelines.sources.bayes`` is told."""
+
+    input: str = field(
+        metadata=flag("generator output directory (truth.parquet)", metavar="DIR")
+    )
+    as_json: bool = field(
+        default=False,
+        metadata=flag("print the report as JSON, not a table", name="--json"),
+    )
+
+
 def _print_report(args: argparse.Namespace) -> int:
-    path = Path(args.input) / "truth.parquet"
+    config = BayesConfig(**config_fields(args, BayesConfig))
+    path = Path(config.input) / "truth.parquet"
     if not path.is_file():
         raise CommandError(
             f"{path} not found",
             "--input must be a generator output directory (python -m "
             "pipelines.generate writes one)",
         )
-    report = bayes_optimal_report(args.input)
-    if args.json:
+    report = bayes_optimal_report(config.input)
+    if config.as_json:
         json.dump(json_safe(report), sys.stdout, indent=2, allow_nan=False)
         sys.stdout.write("\n")
     else:
@@ -194,18 +211,13 @@ def _print_report(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> CommandParser:
-    """The command's flags."""
+    """The command's flags (:class:`BayesConfig`'s)."""
     parser = CommandParser(
         "pipelines.sources.bayes",
         "NE / AUC / calibration of the generator's true probabilities:\n"
         "the ceiling for any model on that data.",
     )
-    parser.add_argument(
-        "--input", required=True, help="generator output directory (truth.parquet)"
-    )
-    parser.add_argument(
-        "--json", action="store_true", help="print the report as JSON, not a table"
-    )
+    add_config_flags(parser, BayesConfig)
     return parser
 
 

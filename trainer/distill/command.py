@@ -4,17 +4,25 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import subprocess
 from collections.abc import Sequence
+from dataclasses import field
 from pathlib import Path
 from typing import Any
 
 from features.cli import CommandError, CommandParser, run_command
-from features.config_flags import add_config_flags, config_fields, positive_int
+from features.config_flags import add_config_flags, config_fields, flag, positive_int
 from features.vocab import DOMAINS
-from trainer.cli import CHECKPOINT_HELP, feature_dir, start_torch
+from trainer.cli import (
+    CHECKPOINT_HELP,
+    REPORT_HELP,
+    THREADS_HELP,
+    feature_dir,
+    start_torch,
+)
 from trainer.distill.run_config import DistillConfig
 
 DESCRIPTION = """\
@@ -30,86 +38,77 @@ teacher's (and the adapter's), the teacher steps and staleness the student
 saw, and per-day progressive calibration."""
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DistillJob:
+    """What ``python -m trainer.distill`` is told beside the students'
+    :class:`~trainer.distill.run_config.DistillConfig`: the data, the
+    teacher, the domains, where the report goes."""
+
+    examples: Path = field(metadata=flag("feature-job output the students train on"))
+    eval: Path | None = field(
+        default=None,
+        metadata=flag(
+            "feature-job output to evaluate on, sharing --examples' timelines "
+            "(python -m trainer.data.split writes such folders; default: the "
+            "last day of --examples)"
+        ),
+    )
+    teacher: Path = field(metadata=flag(CHECKPOINT_HELP, metavar="PATH"))
+    teacher_outputs: Path | None = field(
+        default=None,
+        metadata=flag(
+            "teacher outputs of --examples (default: EXAMPLES/teacher_outputs)"
+        ),
+    )
+    eval_teacher_outputs: Path | None = field(
+        default=None,
+        metadata=flag("teacher outputs of --eval (default: EVAL/teacher_outputs)"),
+    )
+    teacher_max_seq_len: int | None = field(
+        default=None,
+        metadata=flag(
+            "most recent history events the teacher sees per example: the "
+            "length it was trained on (default: its configuration's max_seq_len)",
+            type=positive_int,
+        ),
+    )
+    domains: str = field(
+        default=",".join(DOMAINS),
+        metadata=flag("comma list of the domains to train a student for"),
+    )
+    threads: int = field(
+        default=1,
+        metadata=flag(
+            f"{THREADS_HELP} (the teacher's pass and the students')",
+            type=positive_int,
+        ),
+    )
+    metrics_out: Path = field(metadata=flag(REPORT_HELP, metavar="FILE"))
+
+
 def build_parser() -> CommandParser:
     """The flags of ``python -m trainer.distill``."""
     parser = CommandParser("trainer.distill", DESCRIPTION)
-    parser.add_argument(
-        "--examples",
-        type=Path,
-        required=True,
-        metavar="DIR",
-        help="feature-job output the students train on",
-    )
-    parser.add_argument(
-        "--eval",
-        type=Path,
-        default=None,
-        metavar="DIR",
-        help="feature-job output to evaluate on, sharing --examples' timelines "
-        "(python -m trainer.data.split writes such folders; default: the last day "
-        "of --examples)",
-    )
-    parser.add_argument(
-        "--teacher", type=Path, required=True, metavar="PATH", help=CHECKPOINT_HELP
-    )
-    parser.add_argument(
-        "--teacher-outputs",
-        type=Path,
-        default=None,
-        metavar="DIR",
-        help="teacher outputs of --examples (default: EXAMPLES/teacher_outputs)",
-    )
-    parser.add_argument(
-        "--eval-teacher-outputs",
-        type=Path,
-        default=None,
-        metavar="DIR",
-        help="teacher outputs of --eval (default: EVAL/teacher_outputs)",
-    )
-    parser.add_argument(
-        "--teacher-max-seq-len",
-        type=positive_int,
-        default=None,
-        metavar="N",
-        help="most recent history events the teacher sees per example: the "
-        "length it was trained on (default: its configuration's max_seq_len)",
-    )
-    parser.add_argument(
-        "--domains",
-        default=",".join(DOMAINS),
-        help="comma list of the domains to train a student for",
-    )
-    add_config_flags(parser, DistillConfig)
-    parser.add_argument(
-        "--threads",
-        type=positive_int,
-        default=1,
-        help="torch intra-op threads (the teacher's pass and the students')",
-    )
-    parser.add_argument(
-        "--metrics-out",
-        type=Path,
-        required=True,
-        metavar="FILE",
-        help="where the JSON report goes",
-    )
+    add_config_flags(parser, DistillJob)
+    add_config_flags(parser.add_argument_group("Student"), DistillConfig)
     return parser
 
 
 def run(args: argparse.Namespace) -> int:
     """Check the input, train the students, write the report."""
-    domains = tuple(d.strip() for d in args.domains.split(",") if d.strip())
+    job = DistillJob(**config_fields(args, DistillJob))
+    domains = tuple(d.strip() for d in job.domains.split(",") if d.strip())
     unknown = sorted(set(domains) - set(DOMAINS))
     if unknown or not domains:
         raise CommandError(
-            f"--domains {args.domains}: unknown domains {unknown}",
+            f"--domains {job.domains}: unknown domains {unknown}",
             f"choose from {','.join(DOMAINS)}",
         )
-    feature_dir("--examples", args.examples)
-    if args.eval is not None:
-        feature_dir("--eval", args.eval)
+    feature_dir("--examples", job.examples)
+    if job.eval is not None:
+        feature_dir("--eval", job.eval)
     cfg = DistillConfig(**config_fields(args, DistillConfig))
-    start_torch(args.threads)
+    start_torch(job.threads)
     from features.json_report import json_safe
     from trainer.distill.run import (
         combined_outputs,
@@ -121,19 +120,19 @@ def run(args: argparse.Namespace) -> int:
     from trainer.training.checkpoint import read_model_checkpoint
 
     # Checked here, before a subprocess would run the teacher over the data.
-    state, teacher_path = read_model_checkpoint(args.teacher, "--teacher")
-    sets = [(args.examples, args.teacher_outputs)]
-    if args.eval is not None:
-        sets.append((args.eval, args.eval_teacher_outputs))
+    state, teacher_path = read_model_checkpoint(job.teacher, "--teacher")
+    sets = [(job.examples, job.teacher_outputs)]
+    if job.eval is not None:
+        sets.append((job.eval, job.eval_teacher_outputs))
     try:
         output_dirs = [
             ensure_teacher_outputs(
                 folder,
                 teacher_path,
                 out or folder / "teacher_outputs",
-                max_seq_len=args.teacher_max_seq_len,
+                max_seq_len=job.teacher_max_seq_len,
                 # The teacher's pass is most of the command's time.
-                extra_args=("--threads", str(args.threads)),
+                extra_args=("--threads", str(job.threads)),
             )
             for folder, out in sets
         ]
@@ -143,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
             "python -m trainer.distill.teacher_outputs failed (its error is above)"
         ) from error
     try:
-        split = load_split(args.examples, args.eval)
+        split = load_split(job.examples, job.eval)
     except ValueError as error:
         raise CommandError(str(error)) from error
     report_domains = distill_domains(
@@ -163,8 +162,8 @@ def run(args: argparse.Namespace) -> int:
         "teacher_seen": staleness_summary(report_domains),
         "domains": report_domains,
     }
-    args.metrics_out.parent.mkdir(parents=True, exist_ok=True)
-    args.metrics_out.write_text(
+    job.metrics_out.parent.mkdir(parents=True, exist_ok=True)
+    job.metrics_out.write_text(
         json.dumps(json_safe(report), indent=1, sort_keys=True) + "\n"
     )
     print(format_table(report))

@@ -20,7 +20,7 @@ from typing import Final
 
 from features.config_flags import flag, positive_float, positive_int
 from features.vocab import DOMAINS
-from trainer.cli import CHECKPOINT_HELP
+from trainer.cli import CHECKPOINT_HELP, THREADS_HELP
 
 METHODS: Final = ("standard", "aux", "adapter", "repr", "share")
 FULL: Final = ("aux", "adapter", "repr", "share")
@@ -161,9 +161,7 @@ class StudentDaemonConfig:
     )
     keep: int = 3
     max_cached_rows: int = 2_000_000
-    threads: int = field(
-        default=1, metadata=flag("torch intra-op threads", type=positive_int)
-    )
+    threads: int = field(default=1, metadata=flag(THREADS_HELP, type=positive_int))
     start_fresh: bool = field(
         default=False,
         metadata=flag(

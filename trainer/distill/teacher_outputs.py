@@ -4,13 +4,15 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from collections.abc import Sequence
+from dataclasses import field
 from pathlib import Path
 
 from features.cli import CommandParser, run_command
-from features.config_flags import positive_int
-from trainer.cli import CHECKPOINT_HELP, feature_dir, start_torch
+from features.config_flags import add_config_flags, config_fields, flag, positive_int
+from trainer.cli import CHECKPOINT_HELP, THREADS_HELP, feature_dir, start_torch
 
 DESCRIPTION = """\
 Teacher outputs, computed once per example: the GEM teacher's forward over
@@ -20,57 +22,48 @@ checkpoint's step and time). The summary printed as JSON says rows out =
 examples in."""
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TeacherOutputsConfig:
+    """One teacher pass over a feature-job output."""
+
+    examples: Path = field(metadata=flag("feature-job output (examples + timelines)"))
+    teacher: Path = field(metadata=flag(CHECKPOINT_HELP, metavar="PATH"))
+    output: Path = field(
+        metadata=flag("folder of the teacher-output Parquet (replaced when it exists)")
+    )
+    # teacher_pass.DEFAULT_BATCH_SIZE, which loads torch: a test checks.
+    batch_size: int = field(
+        default=256, metadata=flag("examples per forward", type=positive_int)
+    )
+    max_seq_len: int | None = field(
+        default=None,
+        metadata=flag(
+            "longest history window (default: the teacher's)", type=positive_int
+        ),
+    )
+    threads: int = field(default=1, metadata=flag(THREADS_HELP, type=positive_int))
+
+
 def build_parser() -> CommandParser:
     """The flags of ``python -m trainer.distill.teacher_outputs``."""
     parser = CommandParser("trainer.distill.teacher_outputs", DESCRIPTION)
-    parser.add_argument(
-        "--examples",
-        type=Path,
-        required=True,
-        metavar="DIR",
-        help="feature-job output (examples + timelines)",
-    )
-    parser.add_argument(
-        "--teacher", type=Path, required=True, metavar="PATH", help=CHECKPOINT_HELP
-    )
-    parser.add_argument(
-        "--output",
-        type=Path,
-        required=True,
-        metavar="DIR",
-        help="folder of the teacher-output Parquet (replaced when it exists)",
-    )
-    parser.add_argument(
-        "--batch-size",
-        type=positive_int,
-        # teacher_outputs.DEFAULT_BATCH_SIZE, which loads torch: a test checks.
-        default=256,
-        help="examples per forward",
-    )
-    parser.add_argument(
-        "--max-seq-len",
-        type=positive_int,
-        default=None,
-        help="longest history window (default: the teacher's)",
-    )
-    parser.add_argument(
-        "--threads", type=positive_int, default=1, help="torch intra-op threads"
-    )
+    add_config_flags(parser, TeacherOutputsConfig)
     return parser
 
 
 def run(args: argparse.Namespace) -> int:
     """Check the input, run the teacher over it, print the summary."""
-    feature_dir("--examples", args.examples)
-    from trainer.distill import teacher_pass as teacher_outputs
+    config = TeacherOutputsConfig(**config_fields(args, TeacherOutputsConfig))
+    feature_dir("--examples", config.examples)
+    from trainer.distill import teacher_pass
 
-    start_torch(args.threads)
-    summary = teacher_outputs.run(
-        args.examples,
-        args.teacher,
-        args.output,
-        batch_size=args.batch_size,
-        max_seq_len=args.max_seq_len,
+    start_torch(config.threads)
+    summary = teacher_pass.run(
+        config.examples,
+        config.teacher,
+        config.output,
+        batch_size=config.batch_size,
+        max_seq_len=config.max_seq_len,
     )
     print(json.dumps(summary, indent=1))
     return 0

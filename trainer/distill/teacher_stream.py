@@ -4,15 +4,29 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 from collections.abc import Sequence
+from dataclasses import field
 from pathlib import Path
 
 from features.cli import CommandError, CommandParser, run_command
-from features.config_flags import positive_float, positive_int
+from features.config_flags import (
+    add_config_flags,
+    config_fields,
+    flag,
+    positive_float,
+    positive_int,
+)
 from features.kafka.settings import add_kafka_arguments
-from trainer.cli import CHECKPOINT_HELP, kafka_settings, require_cluster, start_torch
+from trainer.cli import (
+    CHECKPOINT_HELP,
+    THREADS_HELP,
+    kafka_settings,
+    require_cluster,
+    start_torch,
+)
 
 NEEDS_CLUSTER = "the examples topic is the trainer's"
 DESCRIPTION = """\
@@ -24,57 +38,55 @@ the first copy). Exit 2: bad input, or checkpoints of which none verifies
 (see --start-fresh)."""
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TeacherStreamConfig:
+    """One teacher-stream run: the keywords of
+    :func:`trainer.distill.teacher_topic.run_stream`, and the torch threads."""
+
+    examples_topic: str = field(metadata=flag("topic of example messages to read"))
+    output_topic: str = field(metadata=flag("topic the teacher outputs go to"))
+    group: str = field(
+        default="gem-teacher-outputs", metadata=flag("Kafka consumer group")
+    )
+    teacher_path: Path = field(
+        metadata=flag(CHECKPOINT_HELP, name="--teacher", metavar="PATH")
+    )
+    checkpoint_dir: Path = field(
+        metadata=flag("this job's checkpoints (the examples topic's offsets)")
+    )
+    idle_seconds: float | None = field(
+        default=None,
+        metadata=flag(
+            "bounded run: stop once no message came for this long",
+            type=positive_float,
+        ),
+    )
+    checkpoint_every: int = field(
+        default=50,
+        metadata=flag(
+            "messages between checkpoints", type=positive_int, metavar="MESSAGES"
+        ),
+    )
+    partitions: int = field(
+        default=4,
+        metadata=flag(
+            "partitions of --output-topic when it is created", type=positive_int
+        ),
+    )
+    threads: int = field(default=1, metadata=flag(THREADS_HELP, type=positive_int))
+    start_fresh: bool = field(
+        default=False,
+        metadata=flag(
+            "when no checkpoint in --checkpoint-dir verifies, start from the "
+            "examples topic's earliest offsets instead of refusing to start"
+        ),
+    )
+
+
 def build_parser() -> CommandParser:
     """The flags of ``python -m trainer.distill.teacher_stream``."""
     parser = CommandParser("trainer.distill.teacher_stream", DESCRIPTION)
-    parser.add_argument(
-        "--examples-topic", required=True, help="topic of example messages to read"
-    )
-    parser.add_argument(
-        "--output-topic", required=True, help="topic the teacher outputs go to"
-    )
-    parser.add_argument(
-        "--group", default="gem-teacher-outputs", help="Kafka consumer group"
-    )
-    parser.add_argument(
-        "--teacher", type=Path, required=True, metavar="PATH", help=CHECKPOINT_HELP
-    )
-    parser.add_argument(
-        "--checkpoint-dir",
-        type=Path,
-        required=True,
-        metavar="DIR",
-        help="this job's checkpoints (the examples topic's offsets)",
-    )
-    parser.add_argument(
-        "--idle-seconds",
-        type=positive_float,
-        default=None,
-        metavar="S",
-        help="bounded run: stop once no message came for this long",
-    )
-    parser.add_argument(
-        "--checkpoint-every",
-        type=positive_int,
-        default=50,
-        metavar="MESSAGES",
-        help="messages between checkpoints",
-    )
-    parser.add_argument(
-        "--partitions",
-        type=positive_int,
-        default=4,
-        help="partitions of --output-topic when it is created",
-    )
-    parser.add_argument(
-        "--threads", type=positive_int, default=1, help="torch intra-op threads"
-    )
-    parser.add_argument(
-        "--start-fresh",
-        action="store_true",
-        help="when no checkpoint in --checkpoint-dir verifies, start from the "
-        "examples topic's earliest offsets instead of refusing to start",
-    )
+    add_config_flags(parser, TeacherStreamConfig)
     add_kafka_arguments(parser)
     require_cluster(parser, NEEDS_CLUSTER)
     return parser
@@ -83,24 +95,16 @@ def build_parser() -> CommandParser:
 def run(args: argparse.Namespace) -> int:
     """Run the job on the parsed flags; print its counts."""
     settings = kafka_settings(args, why=NEEDS_CLUSTER)
+    job = dataclasses.asdict(
+        TeacherStreamConfig(**config_fields(args, TeacherStreamConfig))
+    )
     from trainer.distill.teacher_topic import run_stream
     from trainer.training.checkpoint import NoUsableCheckpointError
 
-    start_torch(args.threads)
+    start_torch(job.pop("threads"))
     started = time.perf_counter()
     try:
-        result = run_stream(
-            settings,
-            examples_topic=args.examples_topic,
-            output_topic=args.output_topic,
-            group=args.group,
-            teacher_path=args.teacher,
-            checkpoint_dir=args.checkpoint_dir,
-            idle_seconds=args.idle_seconds,
-            checkpoint_every=args.checkpoint_every,
-            partitions=args.partitions,
-            start_fresh=args.start_fresh,
-        )
+        result = run_stream(settings, **job)
     except NoUsableCheckpointError as error:
         raise CommandError(f"refusing to start: {error}") from error
     result["seconds"] = time.perf_counter() - started

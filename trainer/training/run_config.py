@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Final
 
 from features.config_flags import flag, positive_float, positive_int
+from trainer.cli import THREADS_HELP
 
 PRECISIONS: Final = ("fp32", "bf16")
 """What ``--precision`` takes (the autocast itself: :mod:`trainer.training.device`)."""
@@ -45,7 +46,6 @@ DEFAULT_PRESET: Final = "default"
 PRESET_HELP: Final = (
     "model size (tiny: the unit tests'; default: a 2-core CPU's; large: a GPU's)"
 )
-THREADS_HELP: Final = "torch intra-op threads"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -28,6 +28,7 @@ import numpy as np
 import pyarrow as pa
 
 from features.events import SCHEMA_VERSION
+from pipelines.sources.generator_arguments import GeneratorArguments
 from pipelines.sources.synthetic.assemble import TRUTH_SCHEMA, build_tables
 from pipelines.sources.synthetic.outcomes import Outcomes, simulate_outcomes
 from pipelines.sources.synthetic.params import (
@@ -144,9 +145,7 @@ def manifest(data: Generated, fmt: EventFormat) -> dict[str, Any]:
     so identical runs give identical manifests)."""
     config = data.config
     arguments = {
-        f.name: getattr(config, f.name)
-        for f in dataclasses.fields(config)
-        if f.name != "params"
+        f.name: getattr(config, f.name) for f in dataclasses.fields(GeneratorArguments)
     }
     arguments["start"] = config.start.isoformat()
     arguments["contents"] = config.n_contents

@@ -1,12 +1,13 @@
 """The knobs of the synthetic world: sizes (:class:`GeneratorConfig`) and the
 behavioural model's coefficients (:class:`ModelParams`).
 
-Sizes come from the CLI; coefficients have defaults chosen so that the data
-looks like ads logs (CTR of a few percent, most events organic, a heavy tail
-of very active users) *and* so that each signal a recommender is supposed to
-learn is strong enough to be learnable at a few million events. Tests may
-override coefficients (e.g. switch the sequence effect off) to check that an
-effect is really caused by its term.
+Sizes come from the CLI (:mod:`pipelines.sources.generator_arguments`);
+coefficients have defaults chosen so that the data looks like ads logs (CTR
+of a few percent, most events organic, a heavy tail of very active users)
+*and* so that each signal a recommender is supposed to learn is strong
+enough to be learnable at a few million events. Tests may override
+coefficients (e.g. switch the sequence effect off) to check that an effect
+is really caused by its term.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import datetime as dt
 from dataclasses import dataclass, field
 
 from features import vocab
+from pipelines.sources.generator_arguments import GeneratorArguments
 
 GENERATOR_VERSION = "synthetic-1.0.0"
 
@@ -102,43 +104,16 @@ class ModelParams:
 
 
 @dataclass(frozen=True, kw_only=True)
-class GeneratorConfig:
-    """What to generate: sizes, period and seed (the CLI's arguments).
+class GeneratorConfig(GeneratorArguments):
+    """What to generate: the CLI's arguments (sizes, period and seed:
+    :class:`~pipelines.sources.generator_arguments.GeneratorArguments`) and the
+    behavioural coefficients.
 
     Args:
-        users: number of users.
-        ads: number of ads.
-        days: length of the period in days.
-        seed: seed of ``numpy.random.default_rng``; same config, same events.
-        start: first day of the period (UTC midnight).
-        events_per_user_day: mean base events (organic + impressions) per user
-            and day.
-        contents: organic content items (default 5 x ads).
-        duplicate_rate: probability that an event is logged twice.
         params: behavioural coefficients.
     """
 
-    users: int
-    ads: int
-    days: int
-    seed: int = 0
-    start: dt.date = dt.date(2026, 10, 1)
-    events_per_user_day: float = 10.0
-    contents: int | None = None
-    duplicate_rate: float = 0.002
     params: ModelParams = field(default_factory=ModelParams)
-
-    def __post_init__(self) -> None:
-        if self.users < 1 or self.ads < 1 or self.days < 1:
-            raise ValueError("users, ads and days must be at least 1")
-        if self.contents is not None and self.contents < 1:
-            raise ValueError("contents must be at least 1")
-        if not 0.0 <= self.duplicate_rate < 1.0:
-            raise ValueError("duplicate_rate must be in [0, 1)")
-        if self.events_per_user_day <= 0:
-            raise ValueError("events_per_user_day must be positive")
-        if self.seed < 0:
-            raise ValueError("seed must be non-negative")
 
     @property
     def n_contents(self) -> int:

@@ -1,0 +1,78 @@
+"""What to generate (sizes, period, seed), importable without numpy or pyarrow.
+
+:class:`GeneratorArguments` is the part of
+:class:`pipelines.sources.synthetic.params.GeneratorConfig` that ``python -m
+pipelines.generate`` takes as flags (the config adds the behavioural
+coefficients); each field carries its default and, as
+:func:`features.config_flags.flag` metadata, its help, so the command lists
+its flags before the generator (numpy, pyarrow) loads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as dt
+from dataclasses import field
+
+from features.config_flags import flag, positive_int
+
+
+def iso_date(text: str) -> dt.date:
+    """argparse type: a ``YYYY-MM-DD`` date."""
+    try:
+        return dt.date.fromisoformat(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(
+            f"expected YYYY-MM-DD, got {text!r}"
+        ) from error
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class GeneratorArguments:
+    """Sizes, period and seed of a synthetic data set (the generator's
+    manifest records them as its ``arguments``).
+
+    Args:
+        users: number of users.
+        ads: number of ads.
+        days: length of the period in days.
+        seed: seed of ``numpy.random.default_rng``; same config, same events.
+        start: first day of the period (UTC midnight).
+        events_per_user_day: mean base events (organic + impressions) per user
+            and day.
+        contents: organic content items (default 5 x ads).
+        duplicate_rate: probability that an event is logged twice.
+    """
+
+    users: int = field(metadata=flag("users in the world", type=positive_int))
+    ads: int = field(metadata=flag("ads in the world", type=positive_int))
+    days: int = field(metadata=flag("days of events", type=positive_int))
+    seed: int = field(default=0, metadata=flag("random seed: same seed, same data set"))
+    start: dt.date = field(
+        default=dt.date(2026, 10, 1),
+        metadata=flag("first day (UTC)", type=iso_date),
+    )
+    events_per_user_day: float = field(
+        default=10.0, metadata=flag("mean events per user and day")
+    )
+    contents: int | None = field(
+        default=None,
+        metadata=flag("organic content items (default 5 x ads)", type=positive_int),
+    )
+    duplicate_rate: float = field(
+        default=0.002,
+        metadata=flag("probability that an event is logged twice (same event_id)"),
+    )
+
+    def __post_init__(self) -> None:
+        if self.users < 1 or self.ads < 1 or self.days < 1:
+            raise ValueError("users, ads and days must be at least 1")
+        if self.contents is not None and self.contents < 1:
+            raise ValueError("contents must be at least 1")
+        if not 0.0 <= self.duplicate_rate < 1.0:
+            raise ValueError("duplicate_rate must be in [0, 1)")
+        if self.events_per_user_day <= 0:
+            raise ValueError("events_per_user_day must be positive")
+        if self.seed < 0:
+            raise ValueError("seed must be non-negative")
