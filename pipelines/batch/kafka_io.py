@@ -30,6 +30,7 @@ from features.kafka.settings import EVENT_FETCH_BYTES
 from features.kafka.topics import topic_partitions
 from features.windows import timeline_segments
 from pipelines.batch.validate import METRICS_NAMESPACE, RawEvents
+from pipelines.beam.kafka_send import KafkaSendFn
 from pipelines.core.columns import concat
 
 POLL_MS: Final = 200
@@ -146,7 +147,7 @@ def message_batches(
         yield chunk, timeline_segments(chunk, timelines, max_seq_len)
 
 
-class PublishShardFn(beam.DoFn):  # type: ignore[misc]
+class PublishShardFn(KafkaSendFn):
     """Publish one shard's examples (see the module docstring)."""
 
     def __init__(
@@ -156,17 +157,15 @@ class PublishShardFn(beam.DoFn):  # type: ignore[misc]
         max_seq_len: int,
         per_message: int,
     ) -> None:
-        self._settings = settings
-        self._topic = topic
+        super().__init__(settings, topic)
         self._max_seq_len = max_seq_len
         self._per_message = per_message
-        self._producer: Any = None
         self.messages = Metrics.counter(METRICS_NAMESPACE, "messages_published")
         self.examples = Metrics.counter(METRICS_NAMESPACE, "examples_published")
 
     def setup(self) -> None:
         """One producer per DoFn instance (reused across bundles)."""
-        self._producer = self._settings.producer(throughput=True)
+        self.open_producer()
 
     def process(self, element: tuple[int, Iterable[tuple[str, bytes]]]) -> None:
         """Send the shard's messages, keyed by shard."""
@@ -193,15 +192,6 @@ class PublishShardFn(beam.DoFn):  # type: ignore[misc]
             )
             self.messages.inc()
             self.examples.inc(chunk.num_rows)
-
-    def finish_bundle(self) -> None:
-        """Everything sent in the bundle is acknowledged before it commits."""
-        self._producer.flush()
-
-    def teardown(self) -> None:
-        """Close the producer."""
-        if self._producer is not None:
-            self._producer.close()
 
 
 class PublishExamples(beam.PTransform):  # type: ignore[misc]

@@ -10,5 +10,7 @@
 - :mod:`~pipelines.beam.runner`: which runner runs the job, the Prism binary
   Beam's local runner needs, and the job's counters once it is done;
 - :mod:`~pipelines.beam.files`: input and output locations on any Beam
-  filesystem, and the dimension tables both jobs read.
+  filesystem, and the dimension tables both jobs read;
+- :mod:`~pipelines.beam.kafka_send`: ``KafkaSendFn``, the base of the DoFns
+  that send to a Kafka topic.
 """

@@ -25,7 +25,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-import apache_beam as beam
 import pyarrow as pa
 from apache_beam.metrics import Metrics
 
@@ -38,6 +37,7 @@ from features.example_messages import (
 from features.kafka import KafkaSettings, topic_records
 from features.kafka.topics import RECORD_OVERHEAD_BYTES, max_message_bytes
 from features.windows import timeline_segments
+from pipelines.beam.kafka_send import KafkaSendFn
 from pipelines.streaming.config import METRICS_NAMESPACE
 from pipelines.streaming.tables import state_table
 
@@ -52,32 +52,7 @@ def published_example_ids(settings: KafkaSettings, topic: str) -> set[str]:
     return ids
 
 
-class _SendFn(beam.DoFn):  # type: ignore[misc]
-    """Sends to one topic with one idempotent producer per DoFn instance:
-    opened in ``setup``, flushed before each bundle commits, closed at
-    ``teardown``."""
-
-    def __init__(self, settings: KafkaSettings, topic: str) -> None:
-        self._settings = settings
-        self._topic = topic
-        self._producer: Any = None
-
-    def _open_producer(self, **overrides: Any) -> None:
-        self._producer = self._settings.producer(
-            throughput=True, enable_idempotence=True, **overrides
-        )
-
-    def finish_bundle(self) -> None:
-        """Everything sent in the bundle is acknowledged before it commits."""
-        self._producer.flush()
-
-    def teardown(self) -> None:
-        """Close the producer."""
-        if self._producer is not None:
-            self._producer.close()
-
-
-class PublishExampleMessagesFn(_SendFn):
+class PublishExampleMessagesFn(KafkaSendFn):
     """``(user shard, examples IPC, segments IPC)`` -> one Kafka message each,
     minus examples already on the topic (see the module docstring)."""
 
@@ -93,7 +68,7 @@ class PublishExampleMessagesFn(_SendFn):
     def setup(self) -> None:
         """The producer, and the ledger of what the topic already holds."""
         self._published = published_example_ids(self._settings, self._topic)
-        self._open_producer()
+        self.open_producer(enable_idempotence=True)
 
     def process(self, element: tuple[int, bytes, bytes]) -> Iterator[Any]:
         """Publish the examples not yet on the topic."""
@@ -129,7 +104,7 @@ class PublishExampleMessagesFn(_SendFn):
         self._sent = []
 
 
-class PublishDeadLettersFn(_SendFn):
+class PublishDeadLettersFn(KafkaSendFn):
     """Dead-letter JSON lines -> their Kafka topic, each whole when the topic
     takes it, else with its payload cut to fit (``truncated``, with the whole
     payload's length and hash): never dropped, never refused by the broker."""
@@ -144,7 +119,7 @@ class PublishDeadLettersFn(_SendFn):
         """One producer per worker, allowed the topic's largest record."""
         limit = max_message_bytes(self._settings, self._topic)
         self._max_line_bytes = limit - RECORD_OVERHEAD_BYTES
-        self._open_producer(max_request_size=limit)
+        self.open_producer(enable_idempotence=True, max_request_size=limit)
 
     def process(self, line: str) -> Iterator[Any]:
         """Send one dead letter."""
