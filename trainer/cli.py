@@ -6,7 +6,7 @@ from its run's dataclass, :mod:`features.config_flags`).
 - :func:`feature_dir`: a folder that is not a feature-job output is refused
   with one line saying what it lacks; :func:`unreadable` is the line for a
   file there that does not parse;
-- :func:`require_cluster` / :func:`kafka_settings`: the commands that read
+- :func:`add_cluster_arguments` / :func:`kafka_settings`: the commands that read
   topics others publish into say in their help that they need a cluster,
   and refuse to start an (empty) embedded broker instead;
 - the help of the flags several commands share (:data:`CHECKPOINT_HELP`,
@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from features.cli import CommandError
+from features.kafka.settings import add_kafka_arguments
 
 
 def start_torch(threads: int) -> None:
@@ -65,10 +66,12 @@ def unreadable(flag: str, path: Path, error: BaseException) -> CommandError:
     )
 
 
-def require_cluster(parser: argparse.ArgumentParser, why: str) -> None:
-    """Say in the shared Kafka flags' help that this command needs a cluster
-    (it reads topics others publish into: an embedded broker of its own would
-    be empty); :func:`kafka_settings` then refuses to go on without one."""
+def add_cluster_arguments(parser: argparse.ArgumentParser, why: str) -> None:
+    """Add the shared Kafka flags, saying in their help that this command
+    needs a cluster (it reads topics others publish into: an embedded broker
+    of its own would be empty); :func:`kafka_settings` then refuses to go on
+    without one."""
+    add_kafka_arguments(parser)
     for action in parser._actions:
         if "--kafka-bootstrap" in action.option_strings:
             action.help = (

@@ -13,8 +13,7 @@ from pathlib import Path
 
 from features.cli import CommandError, CommandParser, run_command
 from features.config_flags import add_config_flags, config_fields
-from features.kafka.settings import add_kafka_arguments
-from trainer.cli import kafka_settings, require_cluster, start_torch
+from trainer.cli import add_cluster_arguments, kafka_settings, start_torch
 from trainer.training.run_config import DaemonConfig
 
 NEEDS_CLUSTER = "the daemon trains from the topic others publish into"
@@ -32,8 +31,7 @@ def build_parser() -> CommandParser:
     """The flags of ``python -m trainer.daemon``."""
     parser = CommandParser("trainer.daemon", DESCRIPTION)
     add_config_flags(parser, DaemonConfig)
-    add_kafka_arguments(parser)
-    require_cluster(parser, NEEDS_CLUSTER)
+    add_cluster_arguments(parser, NEEDS_CLUSTER)
     return parser
 
 

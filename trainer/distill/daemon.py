@@ -9,8 +9,7 @@ from collections.abc import Sequence
 
 from features.cli import CommandError, CommandParser, run_command
 from features.config_flags import add_config_flags, config_fields
-from features.kafka.settings import add_kafka_arguments
-from trainer.cli import kafka_settings, require_cluster, start_torch
+from trainer.cli import add_cluster_arguments, kafka_settings, start_torch
 from trainer.distill.run_config import (
     STUDENT_DAEMON_DISTILL_FLAGS,
     DistillConfig,
@@ -33,8 +32,7 @@ def build_parser() -> CommandParser:
     add_config_flags(parser, StudentDaemonConfig)
     student = parser.add_argument_group("Student")
     add_config_flags(student, DistillConfig, only=STUDENT_DAEMON_DISTILL_FLAGS)
-    add_kafka_arguments(parser)
-    require_cluster(parser, NEEDS_CLUSTER)
+    add_cluster_arguments(parser, NEEDS_CLUSTER)
     return parser
 
 

@@ -19,12 +19,11 @@ from features.config_flags import (
     positive_float,
     positive_int,
 )
-from features.kafka.settings import add_kafka_arguments
 from trainer.cli import (
     CHECKPOINT_HELP,
     THREADS_HELP,
+    add_cluster_arguments,
     kafka_settings,
-    require_cluster,
     start_torch,
 )
 
@@ -87,8 +86,7 @@ def build_parser() -> CommandParser:
     """The flags of ``python -m trainer.distill.teacher_stream``."""
     parser = CommandParser("trainer.distill.teacher_stream", DESCRIPTION)
     add_config_flags(parser, TeacherStreamConfig)
-    add_kafka_arguments(parser)
-    require_cluster(parser, NEEDS_CLUSTER)
+    add_cluster_arguments(parser, NEEDS_CLUSTER)
     return parser
 
 
