@@ -9,7 +9,7 @@ feature tables (:mod:`benchmarks.polars_peer_features`), written in the
 layout of :data:`features.feature_tables.OUTPUT_LAYOUT`.
 
 The heavy work is Polars expressions (scans, ``group_by``, sorts, joins,
-``join_asof``, rolling sums, exploded ranges), on all of Polars' threads. What
+``join_asof``, rolling windows, exploded ranges), on all of Polars' threads. What
 is not Polars, and why:
 
 - the Parquet files are written by pyarrow with the job's settings
@@ -163,10 +163,12 @@ def _letters(
 def build(data: PeerInput, now_ms: int) -> PeerOutput:
     """Run the whole job on ``data`` with the validation clock ``now_ms``."""
     rules = event_rules(now_ms)
-    events = data.events.with_columns(
-        pl.col("event_time").dt.epoch("ms").alias(TIME_MS)
+    events = (
+        data.events.lazy()
+        .with_columns(pl.col("event_time").dt.epoch("ms").alias(TIME_MS))
+        .with_columns(_rule=first_rule(rules))
+        .collect()
     )
-    events = events.with_columns(_rule=first_rule(rules))
     rejected = events.filter(pl.col("_rule").is_not_null())
     valid = events.filter(pl.col("_rule").is_null()).drop("_rule", "_file", "_offset")
     letters = _letters(rejected, data.files, rules)

@@ -12,7 +12,7 @@ Polars expressions, in the same terms as the reference
   ``seq_category`` by ``join_asof`` on the ads table (ad events) and a join
   on the contents table (organic ones);
 - counters: per entity, the ad events' counts per ``(entity, time)`` and
-  ``rolling_sum_by`` windows closed on the left (``[t - w, t)``); the feature
+  ``rolling`` windows closed on the left (``[t - w, t)``); the feature
   tables are those rows, and an example's counters are the row at its own
   impression time;
 - labels: a join of clicks / conversions to impressions on
@@ -87,7 +87,8 @@ def _is_ad() -> pl.Expr:
 def distinct_events(valid: pl.DataFrame) -> pl.DataFrame:
     """Each event_id once (its winning copy), sorted by (event_time, event_id)."""
     copies = pl.col("event_id").is_duplicated()
-    single, multi = valid.filter(~copies), valid.filter(copies)
+    # Only the few ids with copies are looked at; the rest pass as they are.
+    multi = valid.with_row_index("_row").filter(copies)
     # The copies tied with an id's first on (time, user); identical ones are one.
     first = multi.filter(pl.col(T) == pl.col(T).min().over("event_id"))
     first = first.filter(pl.col("user_id") == pl.col("user_id").min().over("event_id"))
@@ -102,7 +103,9 @@ def distinct_events(valid: pl.DataFrame) -> pl.DataFrame:
             .drop("_digest")
         )
         lead = pl.concat([lead.filter(~copies), won])
-    return pl.concat([single, lead]).sort([T, "event_id"])
+    winners = lead.get_column("_row").implode()
+    keep = ~copies | pl.int_range(pl.len(), dtype=pl.UInt32).is_in(winners)
+    return valid.filter(keep).sort([T, "event_id"])
 
 
 # --- timelines ---------------------------------------------------------------
@@ -161,36 +164,31 @@ def as_of(
     return joined.drop("_at").with_columns(pl.col(columns).fill_null(0))
 
 
-def _categories(
-    events: pl.DataFrame, ads: pl.DataFrame, contents: pl.DataFrame
-) -> pl.Series:
-    """``seq_category`` of each event (ads as of the event; contents by id)."""
-    indexed = events.select(pl.int_range(pl.len()).alias("_row"), "ad_id", T, "action")
-    ad_events = as_of(
-        indexed.filter(_is_ad()), ads, "ad_id", ["ad_creative_category"]
-    ).select("_row", pl.col("ad_creative_category").alias("_category"))
-    # The contents table has no versions: the last row of an id wins.
-    content = contents.select(
-        pl.col("content_id").fill_null(0),
-        codes("content_category", vocab.CATEGORIES).alias("_category"),
-    ).unique("content_id", keep="last")
-    organic = (
-        events.select(pl.int_range(pl.len()).alias("_row"), "content_id", "action")
-        .filter(~_is_ad())
-        .join(content, on="content_id", how="left")
-        .select("_row", pl.col("_category").fill_null(0))
-    )
-    both = pl.concat([ad_events, organic]).sort("_row")
-    return both.get_column("_category")
-
-
 def timeline_events(
     distinct: pl.DataFrame, ads: pl.DataFrame, contents: pl.DataFrame
 ) -> pl.DataFrame:
     """Distinct events in (user, time, id) order with their ``seq_*`` values
-    and ``_pos``, each one's index in its user's timeline."""
-    ordered = distinct.sort(["user_id", T, "event_id"])
+    and ``_pos``, each one's index in its user's timeline.
+
+    Args:
+        distinct: :func:`distinct_events` (in time order, as ``join_asof``
+            wants it).
+        ads: :func:`ad_frame`.
+        contents: the contents table.
+    """
+    # seq_category: an ad's as of the event; a content's by id (the table has
+    # no versions: the last row of an id wins); organic events match no ad.
+    content = contents.select(
+        pl.col("content_id").fill_null(0),
+        codes("content_category", vocab.CATEGORIES).alias("_content_category"),
+    ).unique("content_id", keep="last")
+    categorized = (
+        as_of(distinct, ads, "ad_id", ["ad_creative_category"])
+        .rename({"ad_creative_category": "_ad_category"})
+        .join(content, on="content_id", how="left", maintain_order="left")
+    )
     ad = _is_ad()
+    ordered = categorized.sort(["user_id", T, "event_id"])
     return ordered.with_columns(
         seq_item_id=pl.when(ad)
         .then(2 * pl.col("ad_id"))
@@ -198,9 +196,11 @@ def timeline_events(
         seq_action=codes("action", vocab.ACTIONS),
         seq_domain=codes("domain", vocab.DOMAINS),
         seq_surface=codes("surface", vocab.SURFACES),
-        seq_category=_categories(ordered, ads, contents),
+        seq_category=pl.when(ad)
+        .then(pl.col("_ad_category"))
+        .otherwise(pl.col("_content_category").fill_null(0)),
         _pos=pl.int_range(pl.len()).over("user_id"),
-    )
+    ).drop("_ad_category", "_content_category")
 
 
 def timelines_of(events: pl.DataFrame) -> pl.DataFrame:
@@ -223,19 +223,23 @@ def counter_tables(distinct: pl.DataFrame) -> dict[str, pl.DataFrame]:
             ads.group_by(key, T)
             .agg((pl.col("action") == a).sum().alias(a) for a in COUNTER_ACTIONS)
             .sort(key, T)
-            .with_columns(pl.col(T).cast(pl.Datetime("ms", "UTC")).alias("_when"))
         )
+        sums = {}
+        for window in WINDOWS_MS:
+            # [t - window, t) at every point; Polars orders groups as it likes,
+            # so the rows go back to (entity, time) order.
+            rolled = (
+                points.rolling(T, period=f"{window}i", closed="left", group_by=key)
+                .agg(pl.col(a).sum() for a in COUNTER_ACTIONS)
+                .sort(key, T)
+            )
+            sums |= {(a, window): rolled.get_column(a) for a in COUNTER_ACTIONS}
         names = iter(counter_names(entity))
-        windows = [
-            pl.col(action)
-            .rolling_sum_by("_when", f"{window}ms", closed="left")
-            .over(key)
-            .cast(pl.Float32)
-            .alias(next(names))
-            for action in COUNTER_ACTIONS
-            for window in WINDOWS_MS
-        ]
-        tables[entity] = points.select(key, T, *windows)
+        tables[entity] = points.select(key, T).with_columns(
+            sums[a, w].cast(pl.Float32).alias(next(names))
+            for a in COUNTER_ACTIONS
+            for w in WINDOWS_MS
+        )
     return tables
 
 
@@ -282,18 +286,21 @@ def examples_of(
         users, ads: :func:`user_frame`, :func:`ad_frame`.
         counters: :func:`counter_tables`.
     """
-    # timeline_cut: the user's events before the first one at this time.
-    cut = pl.col("_pos").min().over("user_id", T).alias("timeline_cut")
-    imps = (
-        events.with_columns(cut)
-        .filter(pl.col("action") == "impression")
-        .sort(T, "event_id")
+    # timeline_cut: the user's events before the first one at this time, the
+    # position where each (user, time) run of the timeline order starts.
+    starts = (pl.col("user_id") != pl.col("user_id").shift()) | (
+        pl.col(T) != pl.col(T).shift()
     )
+    cut = (
+        pl.when(starts.fill_null(True))
+        .then(pl.col("_pos"))
+        .forward_fill()
+        .alias("timeline_cut")
+    )
+    imps = events.with_columns(cut).filter(pl.col("action") == "impression")
     imps = imps.with_columns(_labels(events, imps))
     imps = as_of(imps, users, "user_id", list(USER_PROFILE_FEATURES))
-    imps = as_of(
-        imps, ads.drop("ad_format", "ad_objective"), "ad_id", ["ad_creative_category"]
-    )
+    imps = as_of(imps, ads, "ad_id", ["ad_creative_category"])
     for entity in COUNTER_ENTITIES:
         key = f"{entity}_id"
         imps = imps.join(counters[entity], on=[key, T], how="left")
