@@ -1,4 +1,4 @@
-"""Throughput of the Beam feature job next to the single-process reference.
+"""Throughput of the Beam feature job next to two single-process peers.
 
 For each scale (0.5 M, 1 M and 2 M raw events by default, to check that time
 grows linearly), one data set is generated, then on the same files:
@@ -8,7 +8,9 @@ grows linearly), one data set is generated, then on the same files:
   ``prism`` is ``--runner=DirectRunner``, which hands the job to Prism
   (Beam's portable local runner; the child checks that Prism ran it);
 - **reference**: ``python -m pipelines.reference`` (pyarrow / pandas / numpy
-  in one process), the peer the ratio is taken against.
+  in one process, the oracle);
+- **polars**: ``python -m benchmarks.polars_peer`` (the same job written with
+  Polars, on all of Polars' threads), the peer the ratios are taken against.
 
 Each runs in its own subprocess, so the peak resident memory
 (``resource.getrusage(RUSAGE_SELF).ru_maxrss``, reported by the child) is
@@ -17,9 +19,11 @@ includes interpreter start and imports: what a user waits for. CPU seconds
 (user + system, the child and any SDK worker processes it waited for) are
 reported too: on a machine shared with other work they move much less than
 wall time, so the CPU ratio is the steadier comparison. The best of
-``--repeat`` runs is the headline; both jobs' outputs are compared (counts).
+``--repeat`` runs is the headline; every job's counts are compared with the
+reference's (the outputs themselves: ``tests/test_polars_peer.py`` and
+``tests/test_build.py``). The load average before and after is printed.
 
-First, both jobs run on a tiny data set (about 6k events): their fixed
+First, every job runs on a tiny data set (about 18k events): their fixed
 start-up cost, the floor under every wall time below.
 
 Usage::
@@ -34,11 +38,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -54,10 +60,28 @@ import json, resource, sys, time
 kind, source, out, *runner = sys.argv[1:]
 start = time.perf_counter()
 ran = None
+split = None
 if kind == "beam":
     from pipelines import build
     summary = build.run([*runner, "--input", source, "--output", out])
     counts, ran = summary["counts"], summary["runner"]
+elif kind == "polars":
+    # What ``python -m benchmarks.polars_peer`` does, timed by part.
+    from pathlib import Path
+    from benchmarks import polars_peer
+    from pipelines.core.reference import validation_clock
+    split = {"imports": time.perf_counter() - start}
+    now = validation_clock(Path(source), None)
+    tick = time.perf_counter()
+    data = polars_peer.read_input(Path(source))
+    split["read"] = time.perf_counter() - tick
+    tick = time.perf_counter()
+    output = polars_peer.build(data, now)
+    split["compute"] = time.perf_counter() - tick
+    tick = time.perf_counter()
+    polars_peer.write_output(output, Path(out), now_ms=now)
+    split["write"] = time.perf_counter() - tick
+    counts = output.counts
 else:
     # What ``python -m pipelines.reference --overwrite`` does, timed by part.
     import shutil
@@ -87,7 +111,7 @@ cpu = own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
 peak = max(own.ru_maxrss, kids.ru_maxrss) / 1024
 print(json.dumps({"job_s": time.perf_counter() - start, "cpu_s": cpu,
                   "peak_mb": peak, "counts": counts, "runner": ran,
-                  "split_s": split if kind != "beam" else None}))
+                  "split_s": split}))
 """
 
 # The Beam runners compared, by name: their flags and the runner that must
@@ -117,12 +141,17 @@ def _run_child(
     return result
 
 
+PEERS = ("reference", "polars")
+"""The single-process jobs, by child kind; ``polars`` is the ratios' base."""
+PEER = "polars"
+
+
 def _run_job(
     job: str, source: Path, out: Path, beam_args: Sequence[str]
 ) -> dict[str, Any]:
-    """``reference``, or the Beam job on the runner ``job`` names."""
-    if job == "reference":
-        return _run_child("reference", source, out)
+    """A peer (:data:`PEERS`), or the Beam job on the runner ``job`` names."""
+    if job in PEERS:
+        return _run_child(job, source, out)
     flags, expected = RUNNERS[job]
     result = _run_child("beam", source, out, [*flags, *beam_args])
     if result["runner"] != expected:
@@ -143,28 +172,31 @@ def measure(
     source = workdir / f"data-{millions}"
     data, _ = generate_dataset(config, source)
     events = data.events.num_rows
-    runs: dict[str, list[dict[str, Any]]] = {j: [] for j in [*runners, "reference"]}
+    runs: dict[str, list[dict[str, Any]]] = {j: [] for j in [*runners, *PEERS]}
     for _ in range(repeat):
         for job in runs:
-            runs[job].append(_run_job(job, source, workdir / f"out-{job}", beam_args))
+            out = workdir / f"out-{job}"
+            if out.exists():
+                shutil.rmtree(out)
+            runs[job].append(_run_job(job, source, out, beam_args))
     best = {job: min(r, key=lambda x: x["wall_s"]) for job, r in runs.items()}
-    reference = best["reference"]
+    reference, peer = best["reference"], best[PEER]
     return {
         "events": events,
         "users": users,
         "counts_equal": all(b["counts"] == reference["counts"] for b in best.values()),
         "jobs": best,
         "events_per_s": {job: events / b["wall_s"] for job, b in best.items()},
-        # Speed against the reference: above 1 is faster than it.
-        "ratio": {job: reference["wall_s"] / b["wall_s"] for job, b in best.items()},
-        "cpu_ratio": {job: reference["cpu_s"] / b["cpu_s"] for job, b in best.items()},
+        # Speed against the Polars peer: above 1 is faster than it.
+        "ratio": {job: peer["wall_s"] / b["wall_s"] for job, b in best.items()},
+        "cpu_ratio": {job: peer["cpu_s"] / b["cpu_s"] for job, b in best.items()},
     }
 
 
 def fixed_cost(
     workdir: Path, runners: Sequence[str], beam_args: Sequence[str]
 ) -> dict[str, Any]:
-    """Every job on a tiny data set (300 users, ~6k events): start-up cost.
+    """Every job on a tiny data set (300 users, ~18k events): start-up cost.
 
     Interpreter, imports, graph construction and the runner's per-stage
     work do not grow with the data; this is the part of the 2 M wall time
@@ -177,7 +209,7 @@ def fixed_cost(
         "events": data.events.num_rows,
         "jobs": {
             job: _run_job(job, source, workdir / f"out-tiny-{job}", beam_args)
-            for job in [*runners, "reference"]
+            for job in [*runners, *PEERS]
         },
     }
 
@@ -186,7 +218,7 @@ def format_table(results: list[dict[str, Any]]) -> str:
     """Markdown table of the measurements: one row per scale and job."""
     lines = [
         "| events | job | wall s | CPU s | events/s | peak MB "
-        "| speed / reference (wall) | (CPU) |",
+        f"| speed / {PEER} (wall) | (CPU) |",
         "|---:|---|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
@@ -227,6 +259,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ]
     report = {
         "hardware": hardware(),
+        "polars": version("polars"),
         "runners": runners,
         "beam_args": beam_args,
         "load_before": load_before,
@@ -240,7 +273,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         hw = report["hardware"]
         print(
             f"hardware: {hw['cpu']}, {hw['usable_cores']} usable cores, "
-            f"Python {hw['python']}, pyarrow {hw['pyarrow']}; load average "
+            f"Python {hw['python']}, pyarrow {hw['pyarrow']}, "
+            f"polars {report['polars']}; load average "
             f"{report['load_before'][0]:.1f} before, {report['load'][0]:.1f} after; "
             f"Beam runners: {', '.join(runners)} {' '.join(beam_args)}"
         )
@@ -253,11 +287,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         print(format_table(results))
         for r in results:
-            split = r["jobs"]["reference"]["split_s"]
-            print(
-                f"reference at {r['events']:,} events: "
-                + ", ".join(f"{k} {v:.2f} s" for k, v in split.items())
-            )
+            for job in PEERS:
+                split = r["jobs"][job]["split_s"]
+                print(
+                    f"{job} at {r['events']:,} events: "
+                    + ", ".join(f"{k} {v:.2f} s" for k, v in split.items())
+                )
         if not all(r["counts_equal"] for r in results):
             print("WARNING: the jobs' counts differ")
     return 0
