@@ -232,7 +232,20 @@ def test_dead_letters_hold_fields_and_reason(
     assert without_time(letters) == without_time(list(reference.letters))
 
 
-def test_movielens_equals_the_reference(tmp_path: Path) -> None:
+def _beam_job(flags: list[str]) -> object:
+    return build.run([RUNNER, *flags])
+
+
+def _polars_peer(flags: list[str]) -> object:
+    from benchmarks import polars_peer
+
+    return polars_peer.main(flags)
+
+
+@pytest.mark.parametrize("job", [_beam_job, _polars_peer], ids=["beam", "polars"])
+def test_movielens_equals_the_reference(
+    job: Callable[[list[str]], object], tmp_path: Path
+) -> None:
     if not (MOVIELENS / "u.data").is_file():
         pytest.skip(f"MovieLens 100k not present at {MOVIELENS}")
     from pipelines.sources import movielens
@@ -240,9 +253,7 @@ def test_movielens_equals_the_reference(tmp_path: Path) -> None:
     source = tmp_path / "ml"
     movielens.run(MOVIELENS, source)
     out = tmp_path / "out"
-    build.run(
-        [RUNNER, "--input", str(source), "--output", str(out), "--now-ms", str(NOW)]
-    )
+    job(["--input", str(source), "--output", str(out), "--now-ms", str(NOW)])
     _assert_same_as_reference(out, build_reference(*read_input(source), now_ms=NOW))
 
 

@@ -24,12 +24,10 @@ from pipelines.core.reference import (
     ReferenceOutput,
     build_reference,
     read_event_input,
-    read_input,
 )
 from pipelines.sources.synthetic import generate_dataset
 from tests.test_build import (
     CONFIG,
-    MOVIELENS,
     NOW,
     _assert_same_as_reference,
     dead_letters,
@@ -113,20 +111,6 @@ def test_summary_says_the_layout_and_clock(peer: Path) -> None:
     summary = json.loads((peer / "summary.json").read_text())
     assert summary["now_ms"] == NOW
     assert summary["layout_version"] == 2
-
-
-def test_movielens_equals_the_reference(tmp_path: Path) -> None:
-    if not (MOVIELENS / "u.data").is_file():
-        pytest.skip(f"MovieLens 100k not present at {MOVIELENS}")
-    from pipelines.sources import movielens
-
-    source = tmp_path / "ml"
-    movielens.run(MOVIELENS, source)
-    out = tmp_path / "out"
-    polars_peer.main(
-        ["--input", str(source), "--output", str(out), "--now-ms", str(NOW)]
-    )
-    _assert_same_as_reference(out, build_reference(*read_input(source), now_ms=NOW))
 
 
 def test_jsonl_input_is_left_to_the_reference(dataset: Path, tmp_path: Path) -> None:
