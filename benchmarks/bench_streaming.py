@@ -177,6 +177,8 @@ def plot_soak(result: dict[str, Any], path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from trainer.metrics.reporting import save_png
+
     samples = result["samples"]
     times = [s["t_s"] for s in samples]
     figure, axis = plt.subplots(figsize=(8, 4))
@@ -196,10 +198,7 @@ def plot_soak(result: dict[str, Any], path: Path) -> Path:
     )
     axis.legend(loc="upper left")
     axis.set_ylim(bottom=0)
-    figure.tight_layout()
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
-    return path
+    return save_png(figure, path, dpi=100)
 
 
 def main() -> int:

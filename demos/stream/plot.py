@@ -49,6 +49,8 @@ def plot(
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from trainer.metrics.reporting import save_png
+
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 7.5), sharex=True)
     for (key, label), marker in zip(FRESHNESS, "+.x", strict=True):
         if samples[key]:
@@ -59,10 +61,7 @@ def plot(
     top.set_title("freshness samples, at the time each was measured")
     _plot_ne(bottom, steps, started_wall)
     _shade(top, bottom, report)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return path
+    return save_png(fig, path, dpi=90)
 
 
 def _plot_ne(ax: Any, steps: list[dict[str, Any]], started_wall: float) -> None:
