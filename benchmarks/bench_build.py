@@ -65,44 +65,36 @@ if kind == "beam":
     from pipelines import build
     summary = build.run([*runner, "--input", source, "--output", out])
     counts, ran = summary["counts"], summary["runner"]
-elif kind == "polars":
-    # What ``python -m benchmarks.polars_peer`` does, timed by part.
+else:
+    # What ``python -m benchmarks.polars_peer`` and ``python -m
+    # pipelines.reference --overwrite`` do, timed by part.
     from pathlib import Path
-    from benchmarks import polars_peer
     from pipelines.core.reference import validation_clock
+    if kind == "polars":
+        from benchmarks import polars_peer
+        read, compute = polars_peer.read_input, polars_peer.build
+        write = polars_peer.write_output
+    else:
+        import shutil
+        from pipelines import reference as reference_command  # its import cost
+        from pipelines.core import reference
+        from features.memory import reuse_freed_memory
+        reuse_freed_memory()  # as reference_command.main() does
+        for part in reference.OUTPUT_PARTS:
+            path = Path(out) / part
+            shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
+        read, write = reference.read_input, reference.write_output
+        compute = lambda tables, now: reference.build_reference(*tables, now_ms=now)
     split = {"imports": time.perf_counter() - start}
     now = validation_clock(Path(source), None)
     tick = time.perf_counter()
-    data = polars_peer.read_input(Path(source))
+    data = read(Path(source))
     split["read"] = time.perf_counter() - tick
     tick = time.perf_counter()
-    output = polars_peer.build(data, now)
+    output = compute(data, now)
     split["compute"] = time.perf_counter() - tick
     tick = time.perf_counter()
-    polars_peer.write_output(output, Path(out), now_ms=now)
-    split["write"] = time.perf_counter() - tick
-    counts = output.counts
-else:
-    # What ``python -m pipelines.reference --overwrite`` does, timed by part.
-    import shutil
-    from pathlib import Path
-    from pipelines import reference as reference_command
-    from pipelines.core import reference
-    from features.memory import reuse_freed_memory
-    reuse_freed_memory()  # as reference_command.main() does
-    for part in reference.OUTPUT_PARTS:
-        path = Path(out) / part
-        shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
-    split = {"imports": time.perf_counter() - start}
-    now = reference.validation_clock(Path(source), None)
-    tick = time.perf_counter()
-    tables = reference.read_input(Path(source))
-    split["read"] = time.perf_counter() - tick
-    tick = time.perf_counter()
-    output = reference.build_reference(*tables, now_ms=now)
-    split["compute"] = time.perf_counter() - tick
-    tick = time.perf_counter()
-    reference.write_output(output, Path(out), now_ms=now)
+    write(output, Path(out), now_ms=now)
     split["write"] = time.perf_counter() - tick
     counts = output.counts
 own = resource.getrusage(resource.RUSAGE_SELF)
