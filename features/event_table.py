@@ -155,15 +155,16 @@ def _invalid_utf8(values: pa.ChunkedArray) -> pa.Array:
     it; a full validation of each chunk does, and only a chunk that fails it
     is looked at row by row.
     """
-    flags: list[bool] = []
+    flags = np.zeros(len(values), dtype=bool)
+    start = 0
     for chunk in values.chunks:
         try:
             chunk.validate(full=True)
         except pa.ArrowInvalid:
-            flags += [_not_utf8(raw) for raw in chunk.cast(pa.binary()).to_pylist()]
-        else:
-            flags += [False] * len(chunk)
-    return pa.array(flags, pa.bool_())
+            raws = chunk.cast(pa.binary()).to_pylist()
+            flags[start : start + len(chunk)] = [_not_utf8(raw) for raw in raws]
+        start += len(chunk)
+    return pa.array(flags)
 
 
 def _not_utf8(raw: bytes | None) -> bool:

@@ -22,10 +22,15 @@ from features.dimensions import AD_SCHEMA, CONTENT_SCHEMA, USER_SCHEMA
 from features.events import encode_event_table, events_from_records
 from features.memory import reuse_freed_memory
 from pipelines.batch.arrow import ArrowTableCoder
-from pipelines.batch.counters import EXAMPLE_COUNTERS, FEATURE_ROWS, CountEngagement
+from pipelines.batch.counters import (
+    EXAMPLE_COUNTERS,
+    FEATURE_ROWS,
+    CountEngagement,
+    CountEntityShardFn,
+)
 from pipelines.batch.examples import BuildExamples
 from pipelines.batch.parallel import PooledDoFn
-from pipelines.batch.timelines import BuildTimelines, DedupeEvents
+from pipelines.batch.timelines import BuildTimelines, CopyWinnersFn, DedupeEvents
 from pipelines.batch.tuning import WorkerTuning
 from pipelines.batch.validate import RawEvents, ValidateEvents, ValidateEventsFn
 from pipelines.core.asof import AsOfIndex, asof_index, asof_rows
@@ -522,6 +527,19 @@ def test_pooled_dofn_emits_every_result_once_and_raises(threads: int) -> None:
     _ = failing | beam.Create([1, -1]) | beam.ParDo(_Double().tuned(tuning))
     with pytest.raises(Exception, match="negative"):
         failing.run().wait_until_finish()
+
+
+@pytest.mark.parametrize(
+    ("threads", "expected"), [(0, (0, 0, 0)), (1, (1, 2, 2)), (3, (3, 4, 4))]
+)
+def test_a_pool_takes_the_waiting_bundle_threads_core(
+    threads: int, expected: tuple[int, int, int]
+) -> None:
+    """DoFns whose fused successors do little get one more thread than the
+    tuning's; none where the tuning asks for work on the bundle's thread."""
+    tuning = WorkerTuning(threads=threads, tune_allocator=False)
+    dofns = (_Double(), CountEntityShardFn(4), CopyWinnersFn())
+    assert tuple(dofn.tuned(tuning).pool_size() for dofn in dofns) == expected
 
 
 def test_reuse_freed_memory_applies_once() -> None:

@@ -5,12 +5,8 @@ The embedded broker that tests and demos start is :mod:`launchers.kafka_broker`.
 
 from __future__ import annotations
 
-from features.kafka import client_fixes
 from features.kafka.settings import KafkaSettings, add_kafka_arguments
 from features.kafka.topics import ensure_topics, topic_records
-
-client_fixes.apply()
-
 
 __all__ = [
     "KafkaSettings",

@@ -1,4 +1,4 @@
-"""A fix to kafka-python 3.0.12's group consumer, applied on import.
+"""A fix to kafka-python 3.0.12's group consumer, applied where a client is built.
 
 A consumer that leads its group and whose ``poll()`` times out while the
 SyncGroup of a rebalance is in flight loses that rebalance: the response
@@ -11,7 +11,9 @@ Apache Kafka 4.1 with 200 ms polls; ``tests/test_kafka_client_fixes.py``
 reproduces it.
 
 The fix: a join still in flight means the member must keep rejoining, so
-the next poll finishes it (or starts it over). It is applied to the one
+the next poll finishes it (or starts it over). :class:`~features.kafka.KafkaSettings`
+applies it before it builds any client (so a command that never talks to
+Kafka never imports the client library). It is applied to the one
 kafka-python version the lock pins and checked there by the test; another
 version is left as it is, with a warning.
 

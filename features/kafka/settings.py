@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from features.cli import CommandError
-from features.kafka import client_properties
+from features.kafka import client_fixes, client_properties
 
 SECURITY_PROTOCOLS: Final = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 # The mechanisms kafka-python completes with a username and a password; the
@@ -237,6 +237,7 @@ class KafkaSettings:
         The one place the project builds a consumer, so every one of them
         gets the same connection, security and client properties.
         """
+        client_fixes.apply()
         from kafka import KafkaConsumer
 
         return KafkaConsumer(*topics, **self.consumer_config(**overrides))
@@ -244,12 +245,14 @@ class KafkaSettings:
     def producer(self, *, throughput: bool = False, **overrides: Any) -> Any:
         """A ``kafka.KafkaProducer`` on :meth:`producer_config` (``throughput``:
         batched for volume, :data:`THROUGHPUT_PRODUCER`)."""
+        client_fixes.apply()
         from kafka import KafkaProducer
 
         return KafkaProducer(**self.producer_config(throughput=throughput, **overrides))
 
     def admin(self, **overrides: Any) -> Any:
         """A ``kafka.KafkaAdminClient`` on :meth:`admin_config`."""
+        client_fixes.apply()
         from kafka import KafkaAdminClient
 
         return KafkaAdminClient(**self.admin_config(**overrides))

@@ -153,13 +153,13 @@ class CountUserShardFn(PooledDoFn):
 class CountEntityShardFn(PooledDoFn):
     """An ad / advertiser shard: counters for its queries and its feature rows.
 
-    Two entity shards at a time, on worker threads
-    (:class:`~pipelines.batch.parallel.PooledDoFn`): the work is sorts and
-    binary searches that release the GIL, and nothing fused after this DoFn
-    needs the bundle's thread for long.
+    On worker threads (:class:`~pipelines.batch.parallel.PooledDoFn`), one
+    more than the tuning's: the work is sorts and binary searches that release
+    the GIL, and nothing fused after this DoFn needs the bundle's thread for
+    long.
     """
 
-    threads = 2
+    emits_little = True
 
     def __init__(self, shards: int) -> None:
         self._shards = shards

@@ -75,14 +75,27 @@ class ExampleBasesFn(PooledDoFn):
         yield shard, (BASE, data)
 
 
-def _join(element: tuple[int, Iterable[TaggedIpc]]) -> ShardedTable:
-    shard, pieces = element
-    tables = [(tag, ipc_to_table(data)) for tag, data in pieces]
-    bases = [table for tag, table in tables if tag == BASE]
-    counters = [table for tag, table in tables if tag != BASE]
-    if len(bases) != 1:
-        raise ValueError(f"shard {shard}: {len(bases)} example bases, expected 1")
-    return shard, join_counters(bases[0], counters)
+class JoinCountersFn(PooledDoFn):
+    """``(shard, [bases and counter pieces])`` -> ``(shard, examples)``, on a
+    worker thread (:class:`~pipelines.batch.parallel.PooledDoFn`), so the next
+    shard is joined while the writer sorts and writes the last."""
+
+    def prepare(
+        self, element: tuple[int, Iterable[TaggedIpc]]
+    ) -> tuple[int, list[TaggedIpc]]:
+        """The shard's pieces, as a list."""
+        shard, pieces = element
+        return shard, list(pieces)
+
+    def compute(self, element: tuple[int, list[TaggedIpc]]) -> list[ShardedTable]:
+        """Join the shard's example bases with every kind's counters."""
+        shard, pieces = element
+        tables = [(tag, ipc_to_table(data)) for tag, data in pieces]
+        bases = [table for tag, table in tables if tag == BASE]
+        counters = [table for tag, table in tables if tag != BASE]
+        if len(bases) != 1:
+            raise ValueError(f"shard {shard}: {len(bases)} example bases, expected 1")
+        return [(shard, join_counters(bases[0], counters))]
 
 
 class BuildExamples(beam.PTransform):  # type: ignore[misc]
@@ -113,5 +126,8 @@ class BuildExamples(beam.PTransform):  # type: ignore[misc]
             | "BasesAndCounters"
             >> beam.Flatten().with_output_types(tuple[int, TaggedIpc])
             | "GroupByShard" >> beam.GroupByKey()
-            | "JoinCounters" >> beam.Map(_join).with_output_types(ShardedTable)
+            | "JoinCounters"
+            >> beam.ParDo(
+                JoinCountersFn().tuned(pipeline_tuning(events.pipeline))
+            ).with_output_types(ShardedTable)
         )

@@ -69,15 +69,21 @@ class ParquetFileWriter:
 
 
 class BackgroundWriteFn(TunedDoFn):
-    """Base of the DoFns that write files: writes run on a thread of the
-    worker (:class:`~pipelines.core.output_files.BackgroundWrites`) while the
+    """Base of the DoFns that write files: writes run on writer threads of
+    the worker (:class:`~pipelines.core.output_files.BackgroundWrites`) while the
     bundle goes on, and are complete when the bundle finishes (a retried
     bundle rewrites the same paths)."""
 
+    ordered_writes = False
+    """Whether the writes must run one after the other, in submission order
+    (the parts of one file). Otherwise each write is a whole file, and two
+    run side by side where the tuning gives the worker a core to spare."""
+
     def setup(self) -> None:
-        """One writer thread per DoFn instance; the process's memory settings."""
+        """The DoFn instance's writer threads; the process's memory settings."""
         super().setup()
-        self._writes = BackgroundWrites()
+        spare_core = self.tuning.threads > 0 and not self.ordered_writes
+        self._writes = BackgroundWrites(threads=2 if spare_core else 1)
 
     def start_bundle(self) -> None:
         """Leftovers of a failed bundle finish first (their errors were its)."""

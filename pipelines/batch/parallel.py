@@ -49,13 +49,23 @@ class PooledDoFn(TunedDoFn):
     max_pending = 3
     """Results computed ahead of the downstream DoFns, at most."""
 
+    emits_little = False
+    """Whether the DoFns fused after this one do little with its results: the
+    bundle's thread then mostly waits, so the pool takes one more thread for
+    the core it leaves free."""
+
+    def pool_size(self) -> int:
+        """Threads of the pool: ``tuning.threads``, one more if :attr:`emits_little`."""
+        threads = self.tuning.threads
+        return threads + 1 if threads and self.emits_little else threads
+
     def setup(self) -> None:
         """The pool (none for 0 threads), and the process's memory settings."""
         super().setup()
         self._pool: ThreadPoolExecutor | None = None
-        if self.tuning.threads > 0:
+        if self.pool_size() > 0:
             self._pool = ThreadPoolExecutor(
-                self.tuning.threads, thread_name_prefix=type(self).__name__
+                self.pool_size(), thread_name_prefix=type(self).__name__
             )
         self._pending: deque[Future[Any]] = deque()
 

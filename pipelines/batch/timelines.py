@@ -27,9 +27,6 @@ from typing import Any
 import apache_beam as beam
 import pyarrow as pa
 from apache_beam.metrics import Metrics
-from apache_beam.transforms.window import GlobalWindow
-from apache_beam.utils.timestamp import MIN_TIMESTAMP
-from apache_beam.utils.windowed_value import WindowedValue
 
 from features.arrow_ipc import ipc_to_table, table_to_ipc
 from features.events import EVENT_SCHEMA
@@ -59,10 +56,12 @@ ID_PROJECTIONS = "id_projections"
 """Tagged output of :class:`ShardEventsFn`: ``(id bucket, projection IPC)``."""
 
 
-class ShardEventsFn(beam.DoFn):  # type: ignore[misc]
+class ShardEventsFn(PooledDoFn):
     """Split batches of valid events by user shard, and their
     :func:`~pipelines.core.event_copies.id_projection` by id bucket (tagged
-    :data:`ID_PROJECTIONS`).
+    :data:`ID_PROJECTIONS`), on a worker thread
+    (:class:`~pipelines.batch.parallel.PooledDoFn`) while the bundle's thread
+    reads and validates the next batches.
 
     Small batches (many small files, say one per day) are gathered up to
     :data:`SHARD_BATCH_ROWS` rows within a bundle first, so the shuffle
@@ -71,61 +70,74 @@ class ShardEventsFn(beam.DoFn):  # type: ignore[misc]
 
     def __init__(self, shards: int) -> None:
         self._shards = shards
-        self._pending: list[pa.Table] = []
+        self._batches: list[pa.Table] = []
         self._rows = 0
 
     def start_bundle(self) -> None:
         """Nothing is pending at the start of a bundle."""
-        self._pending, self._rows = [], 0
+        super().start_bundle()
+        self._batches, self._rows = [], 0
 
-    def process(self, events: pa.Table) -> Iterator[ShardedIpc]:
+    def process(
+        self, events: pa.Table, window: Any = beam.DoFn.WindowParam
+    ) -> Iterator[Any]:
         """Buffer the batch; split the buffer once it is large enough."""
-        self._pending.append(events)
+        self._batches.append(events)
         self._rows += events.num_rows
         if self._rows >= SHARD_BATCH_ROWS:
-            yield from self._split()
+            yield from self.submit(self._take_batches(), window)
 
     def finish_bundle(self) -> Iterator[Any]:
-        """Split what is left (the job runs in the global window)."""
-        for element in self._split():
-            if isinstance(element, beam.pvalue.TaggedOutput):
-                yield beam.pvalue.TaggedOutput(element.tag, _global(element.value))
-            else:
-                yield _global(element)
+        """Split what is left, then emit every split."""
+        if self._batches:
+            self.enqueue(self._take_batches())
+        yield from super().finish_bundle()
 
-    def _split(self) -> Iterator[Any]:
-        if not self._pending:
-            return
-        events = concat(self._pending, EVENT_SCHEMA)
-        self._pending, self._rows = [], 0
+    def _take_batches(self) -> list[pa.Table]:
+        batches, self._batches, self._rows = self._batches, [], 0
+        return batches
+
+    def compute(self, batches: list[pa.Table]) -> list[Any]:
+        """The pieces of the gathered batches: by user shard, and their id
+        projections by id bucket."""
+        events = concat(batches, EVENT_SCHEMA)
         shards = shard_of(to_int64(events.column("user_id")), self._shards)
-        for shard, part in split_by_shard(events, shards):
-            yield shard, table_to_ipc(part)
+        pieces: list[Any] = [
+            (shard, table_to_ipc(part))
+            for shard, part in split_by_shard(events, shards)
+        ]
         ids = id_projection(events)
         buckets = id_buckets(ids.column("event_id"), self._shards)
         for bucket, part in split_by_shard(ids, buckets):
             # Uncompressed: ids and times hardly compress, and LZ4 would cost
             # more in the write and the read than the bytes it saves.
             piece = table_to_ipc(part, compression=None)
-            yield beam.pvalue.TaggedOutput(ID_PROJECTIONS, (bucket, piece))
+            pieces.append(beam.pvalue.TaggedOutput(ID_PROJECTIONS, (bucket, piece)))
+        return pieces
 
 
-def _global(value: Any) -> WindowedValue:
-    return WindowedValue(value, MIN_TIMESTAMP, [GlobalWindow()])
-
-
-class CopyWinnersFn(beam.DoFn):  # type: ignore[misc]
+class CopyWinnersFn(PooledDoFn):
     """An id bucket's projections -> the winners of its ids whose copies
     differ in user or time (:func:`~pipelines.core.event_copies.copy_winners`), as
-    IPC; nothing when there are none (almost always)."""
+    IPC; nothing when there are none (almost always).
 
-    def process(self, element: tuple[int, Iterable[bytes]]) -> Iterator[bytes]:
-        """Gather the bucket's projections and find its conflicting ids."""
+    Buckets are counted on worker threads, one more than the tuning's
+    (:attr:`~pipelines.batch.parallel.PooledDoFn.emits_little`): what is fused
+    after this DoFn only collects the few winners.
+    """
+
+    emits_little = True
+
+    def prepare(self, element: tuple[int, Iterable[bytes]]) -> list[bytes]:
+        """The bucket's IPC pieces, as a list."""
         _, pieces = element
+        return list(pieces)
+
+    def compute(self, pieces: list[bytes]) -> list[bytes]:
+        """Gather the bucket's projections and find its conflicting ids."""
         projection = concat([ipc_to_table(p) for p in pieces], ID_PROJECTION_SCHEMA)
         winners = copy_winners(projection)
-        if winners.num_rows:
-            yield table_to_ipc(winners)
+        return [table_to_ipc(winners)] if winners.num_rows else []
 
 
 class DedupeEventsFn(PooledDoFn):
@@ -183,14 +195,16 @@ class DedupeEvents(beam.PTransform):  # type: ignore[misc]
     def expand(self, events: beam.PCollection) -> beam.PCollection:
         """Shard by user and id bucket, shuffle both (Arrow IPC), find the
         winners of conflicting ids, dedupe each shard."""
+        tuning = pipeline_tuning(events.pipeline)
         sharded = events | "ShardByUser" >> beam.ParDo(
-            ShardEventsFn(self._shards)
+            ShardEventsFn(self._shards).tuned(tuning)
         ).with_outputs(ID_PROJECTIONS, main="events")
         winners = (
             sharded[ID_PROJECTIONS]
             | "TypeProjections" >> beam.Map(_same).with_output_types(ShardedIpc)
             | "GroupIdBuckets" >> beam.GroupByKey()
-            | "CopyWinners" >> beam.ParDo(CopyWinnersFn()).with_output_types(bytes)
+            | "CopyWinners"
+            >> beam.ParDo(CopyWinnersFn().tuned(tuning)).with_output_types(bytes)
         )
         return (
             sharded.events
@@ -199,7 +213,7 @@ class DedupeEvents(beam.PTransform):  # type: ignore[misc]
             # The side input by position: the DoFn's process also takes the window.
             | "Dedupe"
             >> beam.ParDo(
-                DedupeEventsFn().tuned(pipeline_tuning(events.pipeline)),
+                DedupeEventsFn().tuned(tuning),
                 beam.pvalue.AsList(winners),
             ).with_output_types(ShardedTable)
         )
@@ -252,6 +266,8 @@ class WriteUserSequencesFn(BackgroundWriteFn):
     group) on the writer thread while the next is cut: the file never exists
     whole in memory, and the write overlaps the cutting.
     """
+
+    ordered_writes = True
 
     def __init__(self, output: str) -> None:
         self._output = output

@@ -72,13 +72,15 @@ def write_parquet_bytes(table: pa.Table, plain: Collection[str] = ()) -> pa.Buff
 
 
 class BackgroundWrites:
-    """Write jobs run on one thread, in submission order, while the caller
-    goes on.
+    """Write jobs run on a thread (or ``threads`` of them), while the caller
+    goes on; on one thread, in submission order.
 
     A Parquet write (encoding, compression) runs in Arrow's C++ without the
     GIL, so on a machine with a second core it costs the caller almost
     nothing: the caller computes the next part while this thread writes the
-    last. At most ``max_pending`` jobs wait (each holds its table); a
+    last; with ``threads`` above one, jobs that write independent files run
+    side by side, in no set order. At most ``max_pending`` jobs wait (each
+    holds its table); a
     further :meth:`submit` blocks until the oldest is done. Owners call
     :meth:`wait` where the writes must be complete (a DoFn: at the end of
     every bundle, so a committed bundle's files exist), and :meth:`close`
@@ -92,15 +94,16 @@ class BackgroundWrites:
         [1]
     """
 
-    def __init__(self, max_pending: int = 2) -> None:
-        self._max_pending = max(1, max_pending)
+    def __init__(self, max_pending: int = 2, threads: int = 1) -> None:
+        self._threads = max(1, threads)
+        self._max_pending = max(self._threads, max_pending)
         self._pool: ThreadPoolExecutor | None = None
         self._pending: deque[Future[Any]] = deque()
 
     def submit(self, job: Callable[..., Any], *args: Any) -> None:
         """Queue ``job(*args)``; errors surface in :meth:`submit` or :meth:`wait`."""
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(1, thread_name_prefix="writes")
+            self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="writes")
         while len(self._pending) >= self._max_pending:
             self._pending.popleft().result()
         self._pending.append(self._pool.submit(job, *args))

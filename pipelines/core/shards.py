@@ -33,7 +33,12 @@ def split_by_shard(
     """Rows of ``table`` grouped by their shard, in row order within a shard."""
     if table.num_rows == 0:
         return []
-    order = np.argsort(shards_of_rows, kind="stable")
+    keys = shards_of_rows
+    if keys.size and 0 <= keys.min() and keys.max() < np.iinfo(np.int16).max:
+        # numpy sorts 16-bit integers by radix: several times faster than
+        # the merge sort that a stable sort of int64 is.
+        keys = keys.astype(np.int16)
+    order = np.argsort(keys, kind="stable")
     sorted_shards = shards_of_rows[order]
     bounds = np.flatnonzero(np.diff(sorted_shards)) + 1
     starts = np.concatenate([[0], bounds])

@@ -43,13 +43,19 @@ def dedupe_events(events: pa.Table) -> pa.Table:
     depend on the order batches arrived in.
     """
     keep = winning_copies(events)
-    if not keep.all():
-        events = events.filter(pa.array(keep))
+    if keep.all():
+        kept = events
+        rows = None
+    else:
+        # The keys of the kept rows only; the table itself is gathered once,
+        # by the composed permutation, instead of filtered and then sorted.
+        rows = np.flatnonzero(keep)
+        kept = events.select(["user_id", "event_time", "event_id"]).take(rows)
     order = timeline_order(
-        [to_int64(events.column("user_id")), to_int64(events.column("event_time"))],
-        events.column("event_id"),
+        [to_int64(kept.column("user_id")), to_int64(kept.column("event_time"))],
+        kept.column("event_id"),
     )
-    return events.take(pa.array(order))
+    return events.take(pa.array(order if rows is None else rows[order]))
 
 
 def event_categories(events: pa.Table, ads: pa.Table, contents: pa.Table) -> IntArray:
