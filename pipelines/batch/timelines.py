@@ -146,6 +146,8 @@ class DedupeEventsFn(PooledDoFn):
     copies that lose to a copy of another user or time (the ``winners`` side
     input, :class:`CopyWinnersFn`)."""
 
+    emits_little = True
+
     def __init__(self) -> None:
         self.duplicates = Metrics.counter(METRICS_NAMESPACE, "duplicates_removed")
         self.distinct = Metrics.counter(METRICS_NAMESPACE, "events_distinct")
@@ -224,21 +226,36 @@ def _same(element: Any) -> Any:
     return element
 
 
-class BuildTimelinesFn(beam.DoFn):  # type: ignore[misc]
-    """``(shard, distinct events)`` -> ``(shard, timelines)``."""
+class BuildTimelinesFn(PooledDoFn):
+    """``(shard, distinct events)`` -> ``(shard, timelines)``, on a worker
+    thread (:class:`~pipelines.batch.parallel.PooledDoFn`)."""
 
     def __init__(self) -> None:
         self.timelines = Metrics.counter(METRICS_NAMESPACE, "timelines")
         self.events = Metrics.counter(METRICS_NAMESPACE, "timeline_events")
 
     def process(
-        self, element: ShardedTable, ads: pa.Table, contents: pa.Table
+        self,
+        element: ShardedTable,
+        ads: pa.Table,
+        contents: pa.Table,
+        window: Any = beam.DoFn.WindowParam,
     ) -> Iterator[ShardedTable]:
-        """Build and count the shard's timelines."""
-        shard, events = element
-        timelines = build_timelines(events, ads, contents)
+        """Queue the shard's timelines (the dimension tables go along)."""
+        yield from self.submit((element, ads, contents), window)
+
+    def compute(
+        self, work: tuple[ShardedTable, pa.Table, pa.Table]
+    ) -> tuple[int, pa.Table, int]:
+        """Build the shard's timelines; with its number of events."""
+        (shard, events), ads, contents = work
+        return shard, build_timelines(events, ads, contents), events.num_rows
+
+    def emit(self, result: tuple[int, pa.Table, int]) -> Iterator[ShardedTable]:
+        """Count the shard's timelines and events; its timelines."""
+        shard, timelines, events = result
         self.timelines.inc(timelines.num_rows)
-        self.events.inc(events.num_rows)
+        self.events.inc(events)
         yield shard, timelines
 
 
@@ -252,10 +269,11 @@ class BuildTimelines(beam.PTransform):  # type: ignore[misc]
 
     def expand(self, events: beam.PCollection) -> beam.PCollection:
         """One DoFn over each shard, the dimension tables as side inputs."""
+        # Side inputs by position: the DoFn's process also takes the window.
         return events | "Timelines" >> beam.ParDo(
-            BuildTimelinesFn(),
-            ads=beam.pvalue.AsSingleton(self._ads),
-            contents=beam.pvalue.AsSingleton(self._contents),
+            BuildTimelinesFn().tuned(pipeline_tuning(events.pipeline)),
+            beam.pvalue.AsSingleton(self._ads),
+            beam.pvalue.AsSingleton(self._contents),
         ).with_output_types(ShardedTable)
 
 

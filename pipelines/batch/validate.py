@@ -138,8 +138,13 @@ beam.coders.registry.register_coder(RawEvents, RawEventsCoder)
 
 class ValidateEventsFn(PooledDoFn):
     """Split each :class:`RawEvents` into a valid table and dead-letter lines
-    (on a worker thread, :class:`~pipelines.batch.parallel.PooledDoFn`, while
-    the next batch is read and the last one sharded)."""
+    (on worker threads, :class:`~pipelines.batch.parallel.PooledDoFn`, while
+    the next batch is read). What is fused after it only queues the valid
+    rows for sharding on a thread of its own, so the pool takes the bundle
+    thread's core too (:attr:`~pipelines.batch.parallel.PooledDoFn.emits_little`).
+    """
+
+    emits_little = True
 
     def __init__(self, now: int | None) -> None:
         self._now = now
