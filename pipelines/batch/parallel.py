@@ -20,7 +20,9 @@ bounds the memory held.
 The pool's size is the DoFn's :class:`~pipelines.batch.tuning.WorkerTuning`
 (``--worker-threads``): one thread where the job runs in one local process,
 none (work on the bundle's thread, same outputs in the same order) on
-runners that run several SDK workers per machine.
+runners that run several SDK workers per machine. A DoFn whose fused
+successors only queue work (:attr:`PooledDoFn.emits_little`) takes one
+thread more where it has any: its bundle's thread mostly waits.
 """
 
 from __future__ import annotations
