@@ -5,9 +5,12 @@ joins left the consumer with no partitions for good."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from kafka import KafkaConsumer, KafkaProducer
@@ -16,6 +19,7 @@ from features.kafka import KafkaSettings, client_fixes
 
 pytestmark = pytest.mark.integration
 
+ROOT = Path(__file__).resolve().parents[1]
 JOINS = 10
 RECORDS = 20
 
@@ -25,6 +29,23 @@ def test_the_fix_is_applied_to_the_pinned_client() -> None:
 
     assert client_fixes.apply()
     assert getattr(ConsumerCoordinator.need_rejoin, "_gem_fixed", False)
+
+
+def test_the_fix_is_applied_when_a_client_is_built_not_on_import() -> None:
+    """A command that never builds a client never imports kafka-python; every
+    client KafkaSettings builds gets the fix first."""
+    probe = (
+        "import sys\n"
+        "from features.kafka import KafkaSettings\n"
+        "assert 'kafka' not in sys.modules\n"
+        "try:\n"
+        "    KafkaSettings(bootstrap=None).consumer()\n"
+        "except ValueError:\n"
+        "    pass\n"
+        "from kafka.coordinator.consumer import ConsumerCoordinator\n"
+        "assert ConsumerCoordinator.need_rejoin._gem_fixed\n"
+    )
+    subprocess.run([sys.executable, "-c", probe], check=True, cwd=ROOT)
 
 
 def test_fresh_consumers_on_fresh_topics_all_get_their_partitions(

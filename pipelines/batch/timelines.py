@@ -141,10 +141,15 @@ class CopyWinnersFn(PooledDoFn):
 
 
 class DedupeEventsFn(PooledDoFn):
-    """A user shard's batches -> its distinct events in timeline order (on a
-    worker thread, :class:`~pipelines.batch.parallel.PooledDoFn`), without the
+    """A user shard's batches -> its distinct events in timeline order (on
+    worker threads, :class:`~pipelines.batch.parallel.PooledDoFn`), without the
     copies that lose to a copy of another user or time (the ``winners`` side
-    input, :class:`CopyWinnersFn`)."""
+    input, :class:`CopyWinnersFn`).
+
+    The DoFns fused after it (timelines, counters, example bases) queue their
+    work on pools of their own, so this one takes the bundle thread's core
+    too (:attr:`~pipelines.batch.parallel.PooledDoFn.emits_little`).
+    """
 
     emits_little = True
 
