@@ -54,7 +54,7 @@ from feast import FeatureStore
 from feast.infra.online_stores.helpers import compute_table_id
 
 from benchmarks.machine import cpu_model
-from features.feature_tables import FEATURE_TABLES
+from features.feature_tables import FEATURE_TABLES, table_folder
 from pipelines.feast import ops as feast_ops
 
 VIEWS = ("user_profile", "user_counters", "user_sequence")
@@ -65,8 +65,6 @@ REDIS = os.environ.get(feast_ops.REDIS_VAR, "127.0.0.1:6379")
 def build_tables(directory: Path, users: int, seq_len: int, seed: int = 0) -> None:
     """Write the three user tables (one row per user) under ``directory``."""
     rng = np.random.default_rng(seed)
-    out = directory / "feature_tables"
-    out.mkdir(parents=True, exist_ok=True)
     user_ids = pa.array(np.arange(users, dtype=np.int64))
     base_ms = 1_790_000_000_000
     times = pa.array(base_ms + rng.integers(0, 86_400_000, users)).cast(
@@ -87,8 +85,10 @@ def build_tables(directory: Path, users: int, seq_len: int, seed: int = 0) -> No
                 arrays.append(pa.array(rng.integers(0, 500, users).astype(np.float32)))
             else:
                 arrays.append(pa.array(rng.integers(1, 10_000, users)))
+        folder = table_folder(directory, name)
+        folder.mkdir(parents=True, exist_ok=True)
         pq.write_table(
-            pa.Table.from_arrays(arrays, schema=schema), out / f"{name}.parquet"
+            pa.Table.from_arrays(arrays, schema=schema), folder / "part-0.parquet"
         )
 
 

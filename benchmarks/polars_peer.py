@@ -70,6 +70,7 @@ from features.feature_tables import (
     EVENT_TIMESTAMP,
     FEATURE_TABLES,
     LAYOUT_VERSION,
+    table_folder,
 )
 from features.registry import COUNTER_ENTITIES
 from pipelines.core.event_files import InputFileError, event_files
@@ -239,11 +240,12 @@ def write_output(output: PeerOutput, out: Path, *, now_ms: int) -> None:
         table = _arrow(output.timelines, TIMELINE_SCHEMA)
         part = out / "timelines" / "part-0.parquet"
         writes.submit(_write_parquet, table, part, PLAIN_COLUMNS["timelines"])
-        (out / "feature_tables").mkdir(parents=True, exist_ok=True)
         for name, frame in output.feature_tables.items():
             table = _arrow(frame, FEATURE_TABLES[name].schema)
-            path = out / "feature_tables" / f"{name}.parquet"
-            writes.submit(_write_parquet, table, path, PLAIN_COLUMNS.get(name, ()))
+            folder = table_folder(out, name)
+            folder.mkdir(parents=True, exist_ok=True)
+            part = folder / "part-0.parquet"
+            writes.submit(_write_parquet, table, part, PLAIN_COLUMNS.get(name, ()))
         writes.wait()
     finally:
         writes.close()

@@ -96,6 +96,7 @@ def feast_step(features_dir: Path) -> dict[str, bool]:
     import pyarrow.parquet as pq
     from feast import FeatureStore
 
+    from features.feature_tables import read_feature_table, table_folder, table_parts
     from pipelines.feast import ops as feast_ops
     from pipelines.feast import retrieval as feast_retrieval
 
@@ -125,14 +126,13 @@ def feast_step(features_dir: Path) -> dict[str, bool]:
     started = time.monotonic()
     feast_ops.materialize(store, quiet=True)
     rows = sum(
-        pq.ParquetFile(
-            features_dir / "feature_tables" / f"{n}.parquet"
-        ).metadata.num_rows
+        pq.ParquetFile(part).metadata.num_rows
         for n in objects.views
+        for part in table_parts(table_folder(features_dir, n))
     )
     print(f"  materialized {rows:,} table rows in {time.monotonic() - started:.1f} s")
 
-    counters = pq.read_table(features_dir / "feature_tables" / "user_counters.parquet")
+    counters = read_feature_table(features_dir, "user_counters")
     user = int(pc.mode(counters["user_id"])[0]["mode"].as_py())
     latest = (
         counters.filter(pc.equal(counters["user_id"], user))

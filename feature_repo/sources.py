@@ -1,8 +1,8 @@
 """Feast data sources on the feature job's Parquet outputs.
 
 Each feature table of :data:`features.feature_tables.FEATURE_TABLES` is a
-``FileSource`` on ``<features dir>/feature_tables/<name>.parquet`` (the layout
-of :data:`~features.feature_tables.OUTPUT_LAYOUT`). Tables that a streaming
+``FileSource`` on the folder of its parts, ``<features dir>/feature_tables/<name>/``
+(the layout of :data:`~features.feature_tables.OUTPUT_LAYOUT`). Tables that a streaming
 job updates between batch runs (the counters and the behaviour sequence) are
 wrapped in a ``PushSource``, so ``store.push(...)`` writes fresh rows to the
 online store while the batch source stays what training reads.
@@ -28,7 +28,7 @@ from feast import FileSource, PushSource
 from feast.data_format import ParquetFormat
 from feast.data_source import DataSource
 
-from features.feature_tables import EVENT_TIMESTAMP, FEATURE_TABLES
+from features.feature_tables import EVENT_TIMESTAMP, FEATURE_TABLES, table_folder
 
 FEATURES_DIR_ENV: Final = "GEM_FEATURES_DIR"
 DEFAULT_FEATURES_DIR: Final = (
@@ -60,7 +60,7 @@ def empty_features_dir(directory: Path = EMPTY_FEATURES_DIR) -> Path:
     """``directory``, holding every feature table with no rows, in the
     contract's schema (written where missing); a features dir with no data."""
     for name, table in FEATURE_TABLES.items():
-        path = table_path(directory, name)
+        path = table_folder(directory, name) / "part-0.parquet"
         if path.is_file():
             continue
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -72,16 +72,11 @@ def empty_features_dir(directory: Path = EMPTY_FEATURES_DIR) -> Path:
     return directory
 
 
-def table_path(directory: Path, name: str) -> Path:
-    """Where the feature job writes table ``name`` under ``directory``."""
-    return directory / "feature_tables" / f"{name}.parquet"
-
-
 def batch_source(name: str, directory: Path) -> FileSource:
     """The ``FileSource`` of feature table ``name`` under ``directory``."""
     return FileSource(
         name=f"{name}_source",
-        path=str(table_path(directory.resolve(), name)),
+        path=str(table_folder(directory.resolve(), name)),
         file_format=ParquetFormat(),
         timestamp_field=EVENT_TIMESTAMP,
         description=FEATURE_TABLES[name].doc,

@@ -45,10 +45,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from types import MappingProxyType
 from typing import Final
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from features.events import SCHEMA_VERSION
 from features.examples import TIMELINE_SCHEMA
@@ -77,10 +79,13 @@ Files under the feature job's --output DIR (Beam job and reference alike):
   timelines/part-*.parquet
       exactly TIMELINE_SCHEMA, one row per user with at least one valid event;
       the reference writes part-0, rows sorted by user_id.
-  feature_tables/<name>.parquet
-      one file per FEATURE_TABLES entry (user_profile, ad_profile,
-      user_counters, ad_counters, advertiser_counters, user_sequence), in
-      exactly its schema, rows sorted by (entity id, event_timestamp).
+  feature_tables/<name>/part-*.parquet
+      a folder per FEATURE_TABLES entry (user_profile, ad_profile,
+      user_counters, ad_counters, advertiser_counters, user_sequence), of at
+      least one part, each in exactly the table's schema; all rows of an
+      entity lie in one part, sorted there by (entity id, event_timestamp)
+      (read_feature_table reads a table whole in that order); the reference
+      writes part-0.
   dead_letters/part-*.jsonl
       one line per rejected event, features.deadletter.DeadLetter.to_json():
       source (file or topic), partition (null for files), offset (1-based
@@ -104,7 +109,7 @@ Row order across part files is unspecified: compare outputs after sorting by
 the key columns above. Number and names of part files may differ.
 """
 
-LAYOUT_VERSION: Final = 2
+LAYOUT_VERSION: Final = 3
 """Version of this layout: the tables above and the dead-letter lines of
 :mod:`features.deadletter`."""
 
@@ -258,3 +263,37 @@ def _build_tables() -> dict[str, FeatureTable]:
 
 FEATURE_TABLES: Final[Mapping[str, FeatureTable]] = MappingProxyType(_build_tables())
 """Every feature table by name, in the order above."""
+
+
+def table_folder(features_dir: Path, name: str) -> Path:
+    """The folder of table ``name``'s parts under a feature job's output."""
+    return features_dir / "feature_tables" / name
+
+
+def table_parts(folder: Path) -> list[Path]:
+    """The Parquet parts of a table folder, in name order; names starting
+    with ``.`` or ``_`` (a part being written) are not parts, as for Arrow's
+    datasets."""
+    return sorted(
+        path
+        for path in folder.glob("*.parquet")
+        if not path.name.startswith((".", "_"))
+    )
+
+
+def read_feature_table(features_dir: Path, name: str) -> pa.Table:
+    """Table ``name`` whole, in its schema, sorted by (entity, event_timestamp).
+
+    An entity's rows all lie in one part, in that order, so a stable sort of
+    the parts' rows keeps the order of rows with equal keys.
+
+    Raises:
+        FileNotFoundError: the folder holds no part.
+    """
+    spec = FEATURE_TABLES[name]
+    folder = table_folder(features_dir, name)
+    parts = table_parts(folder)
+    if not parts:
+        raise FileNotFoundError(f"no feature table {name!r}: no parts in {folder}")
+    table = pa.concat_tables([pq.read_table(part).cast(spec.schema) for part in parts])
+    return table.sort_by([(spec.entity, "ascending"), (EVENT_TIMESTAMP, "ascending")])

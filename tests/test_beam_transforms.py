@@ -265,7 +265,7 @@ def test_count_engagement_and_build_examples() -> None:
         label="Examples",
     )
     tables = counters[FEATURE_ROWS] | beam.Map(
-        lambda e: (e[0], ipc_to_table(e[1]).num_rows)
+        lambda e: (e[0], ipc_to_table(e[2]).num_rows)
     )
     assert_that(
         tables | beam.CombinePerKey(sum),

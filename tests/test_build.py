@@ -29,7 +29,14 @@ from apache_beam.options.pipeline_options import (
 from features.deadletter import DeadLetter
 from features.example_messages import SCHEMA_HEADER, decode_example_message
 from features.examples import TIMELINE_SCHEMA, training_example_schema
-from features.feature_tables import COUNT_NAMES, FEATURE_TABLES, LAYOUT_VERSION
+from features.feature_tables import (
+    COUNT_NAMES,
+    FEATURE_TABLES,
+    LAYOUT_VERSION,
+    read_feature_table,
+    table_folder,
+    table_parts,
+)
 from features.kafka import KafkaSettings
 from features.windows import attach_windows
 from pipelines import build
@@ -128,9 +135,10 @@ def _assert_same_as_reference(out: Path, ref: ReferenceOutput) -> None:
     timelines = pq.read_table(out / "timelines").sort_by("user_id")
     assert timelines.cast(TIMELINE_SCHEMA).equals(ref.timelines)
     for name, table in ref.feature_tables.items():
-        mine = pq.read_table(out / "feature_tables" / f"{name}.parquet")
-        assert mine.schema.equals(FEATURE_TABLES[name].schema, check_metadata=False)
-        assert mine.equals(table), name
+        for part in table_parts(table_folder(out, name)):
+            schema = pq.read_schema(part)
+            assert schema.equals(FEATURE_TABLES[name].schema, check_metadata=False)
+        assert read_feature_table(out, name).equals(table), name
     summary = json.loads((out / "summary.json").read_text())
     assert {k: summary["counts"][k] for k in COUNT_NAMES} == ref.counts
 
@@ -305,6 +313,49 @@ def test_jsonl_input_dead_letters_bad_lines(dataset: Path, tmp_path: Path) -> No
     assert [x.offset for x in letters] == [len(lines) - 2, len(lines) - 1, len(lines)]
     assert letters[0].reason.startswith("not UTF-8")
     assert letters[1].reason.startswith("not JSON")
+
+
+def test_every_feature_table_is_written_when_no_event_is_valid(
+    dataset: Path, tmp_path: Path
+) -> None:
+    """Tables no shard made a part of get one empty part; the profiles come
+    from the dimension tables alone."""
+    source = tmp_path / "jsonl"
+    (source / "events").mkdir(parents=True)
+    for name in ("users.parquet", "ads.parquet", "contents.parquet"):
+        (source / name).write_bytes((dataset / name).read_bytes())
+    (source / "events" / "part-0.jsonl").write_bytes(b"[1]\n{}\n")
+    out = tmp_path / "o"
+    summary = build.run(
+        [RUNNER, "--input", str(source), "--output", str(out), "--now-ms", str(NOW)]
+    )
+    assert summary["counts"]["events_dead_lettered"] == 2
+    for name, spec in FEATURE_TABLES.items():
+        parts = table_parts(table_folder(out, name))
+        assert [p.name for p in parts] == ["part-00000.parquet"], name
+        table = read_feature_table(out, name)
+        assert table.schema.equals(spec.schema, check_metadata=False)
+        assert (table.num_rows > 0) == name.endswith("_profile"), name
+
+
+def test_feature_tables_are_written_a_part_per_shard(built: Path) -> None:
+    """No table is gathered whole: each shard writes its own part, and an
+    entity lies in one part."""
+    for name in FEATURE_TABLES:
+        parts = table_parts(table_folder(built, name))
+        # A part per user shard (4); the ad kinds have one shard per four,
+        # and a profile table is one part (its dimension table).
+        sharded = name in ("user_counters", "user_sequence")
+        assert len(parts) == (4 if sharded else 1), name
+        entities = [
+            set(
+                pq.read_table(p, columns=[FEATURE_TABLES[name].entity])
+                .column(0)
+                .to_pylist()
+            )
+            for p in parts
+        ]
+        assert sum(map(len, entities)) == len(set().union(*entities)), name
 
 
 @pytest.mark.integration

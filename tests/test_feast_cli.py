@@ -89,7 +89,7 @@ def test_feast_cli_applies_and_materializes_a_fresh_clone(tmp_path: Path) -> Non
     assert not (clone / "demo-output").exists()
     empty = repo / "data" / "empty_features" / "feature_tables"
     for name, table in FEATURE_TABLES.items():
-        written = pq.read_table(empty / f"{name}.parquet")
+        written = pq.read_table(empty / name / "part-0.parquet")
         assert written.num_rows == 0
         assert written.schema.equals(table.schema), name
     store = FeatureStore(repo_path=str(repo))

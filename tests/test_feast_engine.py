@@ -8,6 +8,7 @@ The engine's writes are held to Feast's stock engine in ``test_feast_store``
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 from pathlib import Path
 
 import numpy as np
@@ -21,9 +22,12 @@ RNG = np.random.default_rng(7)
 BASE_MS = 1_790_000_000_000
 
 
-def write_table(path: Path, users: np.ndarray, ms: np.ndarray) -> None:
-    """A feature table: key, time, a value naming the row (its file position)
-    and a list column, in small row groups."""
+def write_table(
+    folder: Path, users: np.ndarray, ms: np.ndarray, parts: int = 1
+) -> list[pq.ParquetFile]:
+    """A feature table in ``parts`` consecutive part files: key, time, a value
+    naming the row (its position in part order) and a list column, in small
+    row groups. An entity's rows may span parts."""
     table = pa.table(
         {
             "user_id": pa.array(users, pa.int64()),
@@ -32,14 +36,20 @@ def write_table(path: Path, users: np.ndarray, ms: np.ndarray) -> None:
             "seq": pa.array([[int(i)] * 3 for i in range(len(users))]),
         }
     )
-    pq.write_table(table, path, row_group_size=97)
+    bounds = np.linspace(0, len(users), parts + 1).astype(int)
+    files = []
+    for index, (lo, hi) in enumerate(itertools.pairwise(bounds)):
+        path = folder / f"part-{index}.parquet"
+        pq.write_table(table.slice(lo, hi - lo), path, row_group_size=97)
+        files.append(pq.ParquetFile(path))
+    return files
 
 
 def brute_force(
     users: np.ndarray, ms: np.ndarray, start: int, end: int
 ) -> dict[int, int]:
-    """Per user, the file position of its latest row with start <= t <= end
-    (ties: the last in the file)."""
+    """Per user, the position of its latest row with start <= t <= end (ties:
+    the last in part order)."""
     best: dict[int, int] = {}
     for i, (user, t) in enumerate(zip(users.tolist(), ms.tolist(), strict=True)):
         if start <= t <= end and (user not in best or t >= ms[best[user]]):
@@ -54,10 +64,11 @@ def window(start_ms: int, end_ms: int) -> tuple[dt.datetime, dt.datetime]:
     )
 
 
+@pytest.mark.parametrize("parts", [1, 3])
 @pytest.mark.parametrize("ordered", [True, False])
 @pytest.mark.parametrize("rows_per_batch", [7, 64, 5000])
 def test_window_rows_are_each_entitys_latest(
-    tmp_path: Path, ordered: bool, rows_per_batch: int
+    tmp_path: Path, ordered: bool, rows_per_batch: int, parts: int
 ) -> None:
     n = 1500
     users = RNG.integers(0, 200, n)
@@ -65,9 +76,7 @@ def test_window_rows_are_each_entitys_latest(
     if ordered:  # as the feature job writes: by (entity, time)
         order = np.lexsort((ms, users))
         users, ms = users[order], ms[order]
-    path = tmp_path / "t.parquet"
-    write_table(path, users, ms)
-    parquet = pq.ParquetFile(path)
+    parquet = write_table(tmp_path, users, ms, parts)
     for start, end in [(0, 4_000_000_000_000), (BASE_MS + 10_000, BASE_MS + 30_000)]:
         keep = window_rows.latest_rows(
             parquet, "user_id", *window(start, end), "event_timestamp"
@@ -88,20 +97,16 @@ def test_window_rows_are_each_entitys_latest(
 
 
 def test_an_empty_window_yields_nothing(tmp_path: Path) -> None:
-    path = tmp_path / "t.parquet"
-    write_table(path, np.arange(10), BASE_MS + np.arange(10))
-    parquet = pq.ParquetFile(path)
+    parquet = write_table(tmp_path, np.arange(10), BASE_MS + np.arange(10))
     keep = window_rows.latest_rows(
         parquet, "user_id", *window(0, BASE_MS - 1), "event_timestamp"
     )
-    assert not keep.any()
+    assert not any(mask.any() for mask in keep)
     assert list(window_rows.window_batches(parquet, ["row"], keep, 4)) == []
 
 
 def test_batches_hold_about_the_target_bytes(tmp_path: Path) -> None:
-    path = tmp_path / "t.parquet"
-    write_table(path, np.arange(1000), BASE_MS + np.arange(1000))
-    parquet = pq.ParquetFile(path)
+    parquet = write_table(tmp_path, np.arange(1000), BASE_MS + np.arange(1000))
     wide = window_rows.batch_rows(parquet, ["user_id", "seq"], 20_000, 4096)
     narrow = window_rows.batch_rows(parquet, ["user_id"], 20_000, 4096)
     assert 64 <= wide < narrow <= 20_000

@@ -51,7 +51,7 @@ def test_each_feature_table_is_a_view_with_its_columns_and_types() -> None:
         for field in view.features:
             assert field.dtype == views.feast_dtype(table.schema.field(field.name).type)
         assert view.batch_source.timestamp_field == EVENT_TIMESTAMP
-        assert view.batch_source.path.endswith(f"feature_tables/{name}.parquet")
+        assert view.batch_source.path.endswith(f"feature_tables/{name}")
 
 
 def test_feast_types_follow_the_arrow_types() -> None:

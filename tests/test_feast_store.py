@@ -27,7 +27,13 @@ from feast import FeatureStore, RepoConfig
 from feast.infra.online_stores.sqlite import SqliteOnlineStoreConfig
 
 from features import vocab
-from features.feature_tables import EVENT_TIMESTAMP, FEATURE_TABLES
+from features.feature_tables import (
+    EVENT_TIMESTAMP,
+    FEATURE_TABLES,
+    read_feature_table,
+    table_folder,
+    table_parts,
+)
 from pipelines.core.reference import ReferenceOutput, build_reference, write_output
 from pipelines.feast import command as feast_command
 from pipelines.feast import ops as feast_ops
@@ -127,8 +133,7 @@ def table_rows(directory: Path, name: str) -> dict[int, list[dict[str, Any]]]:
     """Feature table ``name`` as entity -> rows (dicts, ``ts`` in ms)."""
     spec = FEATURE_TABLES[name]
     by_key: dict[int, list[dict[str, Any]]] = {}
-    path = directory / "feature_tables" / f"{name}.parquet"
-    for row in pq.read_table(path).to_pylist():
+    for row in read_feature_table(directory, name).to_pylist():
         row["ts"] = ms(row.pop(EVENT_TIMESTAMP))
         by_key.setdefault(row[spec.entity], []).append(row)
     return by_key
@@ -271,7 +276,7 @@ def test_backfilled_rows_do_not_leak_into_earlier_times(
     shutil.copytree(job.directory, directory)
     store = local_store(tmp_path / "feast")
     feast_ops.apply(store, directory)
-    counters = pq.read_table(directory / "feature_tables" / "user_counters.parquet")
+    counters = read_feature_table(directory, "user_counters")
     frame = counters.to_pandas()
     user = int(frame["user_id"].value_counts().index[0])
     times = frame.loc[frame["user_id"] == user, EVENT_TIMESTAMP].sort_values()
@@ -307,10 +312,10 @@ def test_backfilled_rows_do_not_leak_into_earlier_times(
         schema=FEATURE_TABLES["user_counters"].schema,
         preserve_index=False,
     )
-    pq.write_table(
-        pa.concat_tables([counters, late]),
-        directory / "feature_tables" / "user_counters.parquet",
-    )
+    folder = table_folder(directory, "user_counters")
+    for part in table_parts(folder):
+        part.unlink()
+    pq.write_table(pa.concat_tables([counters, late]), folder / "part-0.parquet")
     after = feast_retrieval.historical_features(
         store, requests, refs, full_feature_names=True
     )
@@ -667,7 +672,7 @@ def test_bad_feature_tables_fail_apply_and_materialize_naming_view_and_column(
 ) -> None:
     directory = tmp_path / "features"
     shutil.copytree(job.directory, directory)
-    path = directory / "feature_tables" / "user_counters.parquet"
+    path = table_parts(table_folder(directory, "user_counters"))[0]
     good = pq.read_table(path)
     column = "user_click_count_1d"
     bad = (

@@ -19,6 +19,7 @@ import pytest
 
 from benchmarks import polars_peer
 from features import vocab
+from features.feature_tables import LAYOUT_VERSION
 from pipelines.core.event_files import InputFileError
 from pipelines.core.reference import (
     ReferenceOutput,
@@ -110,7 +111,7 @@ def test_dead_letters_equal_the_reference(
 def test_summary_says_the_layout_and_clock(peer: Path) -> None:
     summary = json.loads((peer / "summary.json").read_text())
     assert summary["now_ms"] == NOW
-    assert summary["layout_version"] == 2
+    assert summary["layout_version"] == LAYOUT_VERSION
 
 
 def test_jsonl_input_is_left_to_the_reference(dataset: Path, tmp_path: Path) -> None:

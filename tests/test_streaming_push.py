@@ -16,12 +16,11 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 import pytest
 from feast import FeatureStore
 
 from benchmarks.bench_feast import REDIS
-from features.feature_tables import EVENT_TIMESTAMP, FEATURE_TABLES
+from features.feature_tables import EVENT_TIMESTAMP, FEATURE_TABLES, read_feature_table
 from pipelines.feast import ops as feast_ops
 from pipelines.streaming.feast_push import (
     PushToFeastFn,
@@ -68,8 +67,7 @@ def bundle(job: FeatureJob, table: str) -> list[pa.Table]:
     event times in whole seconds and its Redis store in nanoseconds, so
     they settle such rows differently.
     """
-    rows = pq.read_table(job.directory / "feature_tables" / f"{table}.parquet")
-    rows = rows.cast(FEATURE_TABLES[table].schema)
+    rows = read_feature_table(job.directory, table)
     newest = newest_per_entity(rows).slice(0, ENTITIES)
     fresh = _shifted(newest, 86_400_000)
     return [newest, fresh, _changed(_shifted(newest, 60_000))]

@@ -33,6 +33,11 @@ TaggedIpc = tuple[str, bytes]
 """IPC bytes and what they hold, for shuffles that carry several kinds."""
 
 
+TablePart = tuple[str, int, bytes]
+"""One part of a feature table: its name, its part number (the shard that
+made it, unique per table) and its rows as IPC bytes."""
+
+
 class ArrowTableCoder(beam.coders.Coder):  # type: ignore[misc]
     """Encodes a ``pyarrow.Table`` as one Arrow IPC stream (schema + batches)."""
 

@@ -37,7 +37,7 @@ from apache_beam import pvalue
 from features import vocab
 from features.arrow_ipc import ipc_to_table, table_to_ipc
 from features.registry import COUNTER_ACTIONS
-from pipelines.batch.arrow import ShardedIpc, ShardedTable, TaggedIpc
+from pipelines.batch.arrow import ShardedIpc, ShardedTable, TablePart, TaggedIpc
 from pipelines.batch.parallel import PooledDoFn
 from pipelines.batch.tuning import pipeline_tuning
 from pipelines.core.columns import IntArray, concat, to_int64
@@ -131,7 +131,9 @@ class CountUserShardFn(PooledDoFn):
             (shard, ("user", table_to_ipc(_counter_table(ordinals, counters)))),
         )
         rows = counter_rows("user", counter)
-        yield pvalue.TaggedOutput(FEATURE_ROWS, ("user_counters", table_to_ipc(rows)))
+        yield pvalue.TaggedOutput(
+            FEATURE_ROWS, ("user_counters", shard, table_to_ipc(rows))
+        )
 
         entity_shards = entity_shard_count(self._shards)
         for kind_index, kind in enumerate(ENTITY_KINDS):
@@ -172,7 +174,8 @@ class CountEntityShardFn(PooledDoFn):
     def compute(self, element: tuple[int, list[bytes]]) -> list[Any]:
         """Answer each user shard's queries; the feature rows."""
         key, parts = element
-        kind = ENTITY_KINDS[key // entity_shard_count(self._shards)]
+        kind_index, entity_shard = divmod(key, entity_shard_count(self._shards))
+        kind = ENTITY_KINDS[kind_index]
         rows = concat([ipc_to_table(p) for p in parts], ENTITY_ROWS_SCHEMA)
         ids = to_int64(rows.column("entity_id"))
         times = to_int64(rows.column("time_ms"))
@@ -182,7 +185,11 @@ class CountEntityShardFn(PooledDoFn):
         outputs: list[Any] = [
             pvalue.TaggedOutput(
                 FEATURE_ROWS,
-                (f"{kind}_counters", table_to_ipc(counter_rows(kind, counter))),
+                (
+                    f"{kind}_counters",
+                    entity_shard,
+                    table_to_ipc(counter_rows(kind, counter)),
+                ),
             )
         ]
         query = ordinals >= 0
@@ -198,7 +205,7 @@ class CountEngagement(beam.PTransform):  # type: ignore[misc]
     """``(user shard, distinct events)`` -> counters for examples, feature rows.
 
     Returns a dict: ``example_counters``: ``(user shard, (kind, ordinal +
-    counters))`` for every kind; ``feature_rows``: ``(table name, rows)`` of
+    counters))`` for every kind; ``feature_rows``: ``(table name, part, rows)`` of
     the three ``*_counters`` feature tables.
     """
 
@@ -230,7 +237,7 @@ class CountEngagement(beam.PTransform):  # type: ignore[misc]
         feature_rows = (
             local[FEATURE_ROWS],
             entity[FEATURE_ROWS],
-        ) | "AllFeatureRows" >> beam.Flatten().with_output_types(TaggedIpc)
+        ) | "AllFeatureRows" >> beam.Flatten().with_output_types(TablePart)
         return {EXAMPLE_COUNTERS: example_counters, FEATURE_ROWS: feature_rows}
 
 

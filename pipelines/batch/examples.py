@@ -17,7 +17,7 @@ import pyarrow as pa
 from apache_beam.metrics import Metrics
 
 from features.arrow_ipc import ipc_to_table, table_to_ipc
-from pipelines.batch.arrow import ShardedTable, TaggedIpc
+from pipelines.batch.arrow import ShardedTable, TablePart, TaggedIpc
 from pipelines.batch.parallel import PooledDoFn
 from pipelines.batch.tuning import pipeline_tuning
 from pipelines.batch.validate import METRICS_NAMESPACE
@@ -27,19 +27,20 @@ BASE = "base"
 
 
 class BuildProfiles(beam.PTransform):  # type: ignore[misc]
-    """``(users, ads)`` -> ``("user_profile" | "ad_profile", rows)`` pieces."""
+    """``(users, ads)`` -> ``("user_profile" | "ad_profile", 0, rows)``: each
+    profile table in one part."""
 
     def expand(self, tables: tuple[Any, Any]) -> beam.PCollection:
         """One feature-table piece per dimension table."""
         users, ads = tables
         user_rows = users | "UserProfiles" >> beam.Map(
-            lambda t: ("user_profile", table_to_ipc(profile_rows("user_profile", t)))
-        ).with_output_types(TaggedIpc)
+            lambda t: ("user_profile", 0, table_to_ipc(profile_rows("user_profile", t)))
+        ).with_output_types(TablePart)
         ad_rows = ads | "AdProfiles" >> beam.Map(
-            lambda t: ("ad_profile", table_to_ipc(profile_rows("ad_profile", t)))
-        ).with_output_types(TaggedIpc)
+            lambda t: ("ad_profile", 0, table_to_ipc(profile_rows("ad_profile", t)))
+        ).with_output_types(TablePart)
         return (user_rows, ad_rows) | "Profiles" >> beam.Flatten().with_output_types(
-            TaggedIpc
+            TablePart
         )
 
 

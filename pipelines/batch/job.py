@@ -34,7 +34,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from features.events import now_ms
-from features.feature_tables import COUNT_NAMES, FEATURE_TABLES, LAYOUT_VERSION
+from features.feature_tables import COUNT_NAMES, LAYOUT_VERSION
 from features.memory import reuse_freed_memory
 from pipelines.batch import inputs, outputs
 from pipelines.batch.counters import EXAMPLE_COUNTERS, FEATURE_ROWS, CountEngagement
@@ -50,8 +50,6 @@ from pipelines.core.event_files import InputFileError
 
 OUTPUT_DIRS = ("examples", "timelines", "feature_tables", "dead_letters")
 SUMMARY = "summary.json"
-# Feature tables gathered from per-shard pieces; user_sequence is built whole.
-PIECEWISE_TABLES = tuple(name for name in FEATURE_TABLES if name != "user_sequence")
 
 
 def run_batch(pipeline_options: PipelineOptions) -> dict[str, Any]:
@@ -150,10 +148,13 @@ def _add_stages(
     _ = timelines | "WriteTimelines" >> outputs.WriteTimelines(output)
 
     profiles = (users, ads) | "BuildProfiles" >> BuildProfiles()
-    _ = (profiles, counters[FEATURE_ROWS]) | "WriteFeatureTables" >> (
-        outputs.WriteFeatureTables(output, names=PIECEWISE_TABLES)
+    table_parts = (profiles, counters[FEATURE_ROWS]) | "WriteFeatureTables" >> (
+        outputs.WriteFeatureTables(output)
     )
-    _ = timelines | "WriteUserSequences" >> WriteUserSequences(output)
+    sequence_parts = timelines | "WriteUserSequences" >> WriteUserSequences(output)
+    _ = (table_parts, sequence_parts) | "WriteMissingTables" >> (
+        outputs.WriteMissingTables(output)
+    )
 
     if options.examples_topic:
         from features.kafka import ensure_topics

@@ -20,13 +20,13 @@ import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
-from features.arrow_ipc import ipc_to_table, table_to_ipc
+from features.arrow_ipc import ipc_to_table
 from features.examples import TIMELINE_SCHEMA, training_example_schema
 from features.feature_tables import FEATURE_TABLES
-from pipelines.batch.arrow import ShardedTable, TaggedIpc
+from pipelines.batch.arrow import ShardedTable, TablePart
 from pipelines.batch.tuning import TunedDoFn, pipeline_tuning
 from pipelines.batch.validate import METRICS_NAMESPACE
-from pipelines.core.columns import concat, to_int64
+from pipelines.core.columns import to_int64
 from pipelines.core.ordering import int_order, timeline_order
 from pipelines.core.output_files import (
     PLAIN_COLUMNS,
@@ -184,6 +184,16 @@ class WriteTimelines(beam.PTransform):  # type: ignore[misc]
         return timelines | "WriteParts" >> beam.ParDo(write)
 
 
+def in_user_order(timelines: pa.Table) -> pa.Table:
+    """``timelines`` sorted by ``user_id``."""
+    users = to_int64(timelines.column("user_id"))
+    # BuildTimelines already emits users in order: skip reordering the list
+    # columns then (a copy of every event).
+    if np.any(users[1:] < users[:-1]):
+        return timelines.sort_by("user_id")
+    return timelines
+
+
 class WriteTimelinesFn(BackgroundWriteFn):
     """``(shard, timelines)`` -> ``timelines/part-SSSSS.parquet``, by user."""
 
@@ -194,68 +204,53 @@ class WriteTimelinesFn(BackgroundWriteFn):
         """Write the shard's part (in the background); yield its path."""
         shard, table = element
         path = f"{self._output}/timelines/part-{shard:05d}.parquet"
-        users = to_int64(table.column("user_id"))
-        # BuildTimelines already emits users in order: skip reordering the
-        # list columns then (a copy of every event).
-        if np.any(users[1:] < users[:-1]):
-            table = table.sort_by("user_id")
+        table = in_user_order(table)
         self.write(table.cast(TIMELINE_SCHEMA), path, PLAIN_COLUMNS["timelines"])
         yield path
 
 
+def feature_table_part(output: str, name: str, part: int) -> str:
+    """``feature_tables/<name>/part-PPPPP.parquet`` under ``output``."""
+    return f"{output}/feature_tables/{name}/part-{part:05d}.parquet"
+
+
 class WriteFeatureTables(beam.PTransform):  # type: ignore[misc]
-    """``feature_tables/<name>.parquet`` from (name, piece) pairs, one file each.
+    """``feature_tables/<name>/part-PPPPP.parquet`` from ``(name, part, rows)``.
 
-    Pieces of a table come from every shard; one GroupByKey per table name
-    gathers them (as Arrow IPC) so each table is one file, sorted by (entity,
-    event_timestamp). Every table of ``names`` is written, empty ones included.
-
-    Applied to one PCollection of pieces or a tuple of them: they are
-    flattened once, straight into the GroupByKey (each chained Flatten costs a
-    runner like FnApiRunner one more pass over the bytes).
+    Each piece is a part of its own, sorted by (entity, event_timestamp) and
+    written where it is made: a piece holds whole entities (one shard's), so
+    no table is ever gathered to one worker, whose memory then does not grow
+    with the input. Applied to one PCollection of pieces or a tuple of them.
+    The output is ``(name, path)`` for every part written.
     """
 
-    def __init__(self, output: str, names: Iterable[str] | None = None) -> None:
+    def __init__(self, output: str) -> None:
         super().__init__()
         self._output = output
-        self._names = list(FEATURE_TABLES if names is None else names)
 
     def expand(self, pieces: beam.PCollection | tuple[beam.PCollection, ...]) -> Any:
-        """Group by table name, concatenate, sort and write."""
-        output = self._output
+        """Sort and write each piece."""
         inputs = pieces if isinstance(pieces, tuple) else (pieces,)
-        # An empty piece of every table, so that each is written.
-        empties = inputs[0].pipeline | "EmptyPieces" >> beam.Create(
-            [
-                (name, table_to_ipc(FEATURE_TABLES[name].schema.empty_table()))
-                for name in self._names
-            ],
-            reshuffle=False,
-        ).with_output_types(TaggedIpc)
-
+        pipeline = inputs[0].pipeline
+        write = WriteFeatureTablePartFn(self._output).tuned(pipeline_tuning(pipeline))
         return (
-            (*inputs, empties)
-            | "AllPieces" >> beam.Flatten().with_output_types(TaggedIpc)
-            | "ByTable" >> beam.GroupByKey()
-            | "WriteTables"
-            >> beam.ParDo(
-                WriteFeatureTablesFn(output).tuned(pipeline_tuning(empties.pipeline))
-            )
+            inputs
+            | "AllPieces" >> beam.Flatten().with_output_types(TablePart)
+            | "WriteParts" >> beam.ParDo(write)
         )
 
 
-class WriteFeatureTablesFn(BackgroundWriteFn):
-    """``(table name, IPC pieces)`` -> ``feature_tables/<name>.parquet``."""
+class WriteFeatureTablePartFn(BackgroundWriteFn):
+    """``(table name, part, IPC rows)`` -> that part's file, by (entity, time)."""
 
     def __init__(self, output: str) -> None:
         self._output = output
 
-    def process(self, element: tuple[str, Iterable[bytes]]) -> Iterator[str]:
-        """Concatenate, sort by (entity, time), write in the background."""
-        name, parts = element
+    def process(self, element: TablePart) -> Iterator[tuple[str, str]]:
+        """Sort by (entity, time), write in the background; yield (name, path)."""
+        name, part, rows = element
         spec = FEATURE_TABLES[name]
-        tables = [ipc_to_table(p) for p in parts]
-        table = concat([t for t in tables if t.num_rows], spec.schema)
+        table = ipc_to_table(rows)
         # One gather in (entity, time) order; a stable sort keeps the table
         # order of equal keys (profile versions), like the reference.
         order = int_order(
@@ -264,10 +259,59 @@ class WriteFeatureTablesFn(BackgroundWriteFn):
                 to_int64(table.column("event_timestamp")),
             ]
         )
-        table = table.take(pa.array(order))
-        path = f"{self._output}/feature_tables/{name}.parquet"
+        if np.any(order[1:] < order[:-1]):
+            table = table.take(pa.array(order))
+        path = feature_table_part(self._output, name, part)
         self.write(table.cast(spec.schema), path)
-        yield path
+        yield name, path
+
+
+class WriteMissingTables(beam.PTransform):  # type: ignore[misc]
+    """An empty ``part-00000`` for each table of ``names`` that no part was
+    written for (no user had an event, say), so that every table exists.
+
+    Applied to the ``(name, path)`` of the parts written (a PCollection or a
+    tuple of them); only the names are counted, never the rows.
+    """
+
+    def __init__(self, output: str, names: Iterable[str] | None = None) -> None:
+        super().__init__()
+        self._output = output
+        self._names = list(FEATURE_TABLES if names is None else names)
+
+    def expand(self, written: beam.PCollection | tuple[beam.PCollection, ...]) -> Any:
+        """Count the parts of each table (one more for the table itself)."""
+        inputs = written if isinstance(written, tuple) else (written,)
+        pipeline = inputs[0].pipeline
+        every_table = pipeline | "EveryTable" >> beam.Create(
+            [(name, 0) for name in self._names], reshuffle=False
+        )
+        parts = [
+            paths | f"PartOf{i}" >> beam.Map(lambda e: (e[0], 1))
+            for i, paths in enumerate(inputs)
+        ]
+        write = WriteEmptyTableFn(self._output).tuned(pipeline_tuning(pipeline))
+        return (
+            (*parts, every_table)
+            | "AllParts" >> beam.Flatten()
+            | "PartsPerTable" >> beam.CombinePerKey(sum)
+            | "WriteEmpty" >> beam.ParDo(write)
+        )
+
+
+class WriteEmptyTableFn(BackgroundWriteFn):
+    """``(table name, parts written)`` -> an empty part where there were none."""
+
+    def __init__(self, output: str) -> None:
+        self._output = output
+
+    def process(self, element: tuple[str, int]) -> Iterator[str]:
+        """Write the empty part; yield its path."""
+        name, parts = element
+        if parts == 0:
+            path = feature_table_part(self._output, name, 0)
+            self.write(FEATURE_TABLES[name].schema.empty_table(), path)
+            yield path
 
 
 class WriteDeadLetters(beam.PTransform):  # type: ignore[misc]

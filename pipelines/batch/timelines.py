@@ -10,9 +10,9 @@
   its own deduplication. The events themselves cross one shuffle only.
 - ``BuildTimelines``: ``(shard, events)`` -> ``(shard, timelines)`` in
   :data:`~features.examples.TIMELINE_SCHEMA`, one row per user.
-- ``WriteUserSequences``: ``(shard, timelines)`` -> the ``user_sequence``
-  feature table file (hourly snapshots, see :mod:`features.feature_tables`),
-  cut once from every shard's timelines.
+- ``WriteUserSequences``: ``(shard, timelines)`` -> the shard's part of the
+  ``user_sequence`` feature table (hourly snapshots, see
+  :mod:`features.feature_tables`).
 
 Every step works on a whole shard with the numpy / Arrow kernels of
 :mod:`pipelines.core.timelines` and :mod:`pipelines.core.event_copies`
@@ -30,10 +30,14 @@ from apache_beam.metrics import Metrics
 
 from features.arrow_ipc import ipc_to_table, table_to_ipc
 from features.events import EVENT_SCHEMA
-from features.examples import TIMELINE_SCHEMA
 from features.feature_tables import FEATURE_TABLES
 from pipelines.batch.arrow import ShardedIpc, ShardedTable
-from pipelines.batch.outputs import BackgroundWriteFn, ParquetFileWriter
+from pipelines.batch.outputs import (
+    BackgroundWriteFn,
+    ParquetFileWriter,
+    feature_table_part,
+    in_user_order,
+)
 from pipelines.batch.parallel import PooledDoFn
 from pipelines.batch.tuning import pipeline_tuning
 from pipelines.batch.validate import METRICS_NAMESPACE
@@ -283,10 +287,10 @@ class BuildTimelines(beam.PTransform):  # type: ignore[misc]
 
 
 class WriteUserSequencesFn(BackgroundWriteFn):
-    """All shards' timelines -> ``feature_tables/user_sequence.parquet``.
+    """``(shard, timelines)`` -> the shard's ``user_sequence`` part.
 
-    Snapshots are cut in parts and each part is written (one Parquet row
-    group) on the writer thread while the next is cut: the file never exists
+    Snapshots are cut in pieces and each piece is written (one Parquet row
+    group) on the writer thread while the next is cut: the part never exists
     whole in memory, and the write overlaps the cutting.
     """
 
@@ -295,26 +299,26 @@ class WriteUserSequencesFn(BackgroundWriteFn):
     def __init__(self, output: str) -> None:
         self._output = output
 
-    def process(self, element: tuple[int, Iterable[bytes]]) -> Iterator[str]:
-        """Cut and write the table; yield its path."""
-        _, pieces = element
-        timelines = concat([ipc_to_table(p) for p in pieces], TIMELINE_SCHEMA)
-        path = f"{self._output}/feature_tables/user_sequence.parquet"
+    def process(self, element: ShardedTable) -> Iterator[tuple[str, str]]:
+        """Cut and write the shard's snapshots; yield ``(name, path)``."""
+        shard, timelines = element
+        path = feature_table_part(self._output, "user_sequence", shard)
         schema = FEATURE_TABLES["user_sequence"].schema
         file = ParquetFileWriter(schema, PLAIN_COLUMNS["user_sequence"])
-        for part in user_sequence_parts(timelines):
+        for part in user_sequence_parts(in_user_order(timelines)):
             self.submit(file.write, part)
         self.submit(file.close, path)
-        yield path
+        yield "user_sequence", path
 
 
 class WriteUserSequences(beam.PTransform):  # type: ignore[misc]
-    """``(shard, timelines)`` -> ``feature_tables/user_sequence.parquet``.
+    """``(shard, timelines)`` ->
+    ``feature_tables/user_sequence/part-SSSSS.parquet``, by (user, time).
 
-    One file sorted by (user, snapshot time), so the shards' timelines (a
-    fraction of the snapshots' bytes) are gathered under one key and the
-    snapshots cut once, already in that order; gathering per-shard snapshots
-    instead would ship and reorder several times the bytes.
+    Each shard's snapshots are cut where its timelines are (a user's
+    snapshots come from its timeline alone), never gathered: the snapshots
+    are several times the timelines' bytes. The output is ``(name, path)``
+    for every part written.
     """
 
     def __init__(self, output: str) -> None:
@@ -322,21 +326,8 @@ class WriteUserSequences(beam.PTransform):  # type: ignore[misc]
         self._output = output
 
     def expand(self, timelines: beam.PCollection) -> beam.PCollection:
-        """Gather every shard's timelines (IPC) under one key, then snapshot."""
-        pipeline = timelines.pipeline
-        # An empty piece, so that the table is written when no user has events.
-        none = pipeline | "NoTimelines" >> beam.Create(
-            [(0, table_to_ipc(TIMELINE_SCHEMA.empty_table()))], reshuffle=False
-        ).with_output_types(ShardedIpc)
-        pieces = timelines | "TimelineIpc" >> beam.Map(
-            lambda element: (0, table_to_ipc(element[1]))
-        ).with_output_types(ShardedIpc)
-        return (
-            (pieces, none)
-            | "AllTimelines" >> beam.Flatten().with_output_types(ShardedIpc)
-            | "GatherTimelines" >> beam.GroupByKey()
-            | "Snapshots"
-            >> beam.ParDo(
-                WriteUserSequencesFn(self._output).tuned(pipeline_tuning(pipeline))
-            )
+        """One part per shard."""
+        write = WriteUserSequencesFn(self._output)
+        return timelines | "Snapshots" >> beam.ParDo(
+            write.tuned(pipeline_tuning(timelines.pipeline))
         )

@@ -44,7 +44,7 @@ from features.events import (
     encode_event_table,
     events_from_records,
 )
-from features.feature_tables import COUNT_NAMES, LAYOUT_VERSION
+from features.feature_tables import COUNT_NAMES, LAYOUT_VERSION, table_folder
 from pipelines.core.columns import to_int64
 from pipelines.core.event_files import (
     PARQUET_BATCH_ROWS,
@@ -267,10 +267,11 @@ def _write_files(output: ReferenceOutput, out: Path, writes: BackgroundWrites) -
     (out / "timelines").mkdir(parents=True, exist_ok=True)
     part = out / "timelines" / "part-0.parquet"
     writes.submit(_write_parquet, output.timelines, part, PLAIN_COLUMNS["timelines"])
-    (out / "feature_tables").mkdir(parents=True, exist_ok=True)
     for name, table in output.feature_tables.items():
-        path = out / "feature_tables" / f"{name}.parquet"
-        writes.submit(_write_parquet, table, path, PLAIN_COLUMNS.get(name, ()))
+        folder = table_folder(out, name)
+        folder.mkdir(parents=True, exist_ok=True)
+        part = folder / "part-0.parquet"
+        writes.submit(_write_parquet, table, part, PLAIN_COLUMNS.get(name, ()))
 
 
 def read_input(source: Path) -> tuple[pa.Table, pa.Table, pa.Table, pa.Table]:

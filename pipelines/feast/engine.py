@@ -50,6 +50,7 @@ from feast.infra.registry.base_registry import BaseRegistry
 from feast.repo_config import FeastConfigBaseModel
 from feast.utils import make_tzaware
 
+from features.feature_tables import table_parts
 from features.memory import reuse_freed_memory
 from features.prefetch import prefetch
 from pipelines.feast.window_rows import batch_rows, latest_rows, window_batches
@@ -99,12 +100,12 @@ class ArrowMaterializationEngine(LocalComputeEngine):
         self, registry: BaseRegistry, task: MaterializationTask, **kwargs: Any
     ) -> LocalMaterializationJob:
         view = task.feature_view
-        path = columnar_path(view, task)
-        if path is None:
+        paths = columnar_parts(view, task)
+        if paths is None:
             return super()._materialize_one(registry, task, **kwargs)
         job_id = f"{view.name}-{task.start_time}-{task.end_time}"
         try:
-            self._materialize_file(view, path, task)
+            self._materialize_parts(view, paths, task)
         except Exception as error:
             return LocalMaterializationJob(
                 job_id=job_id, status=MaterializationJobStatus.ERROR, error=error
@@ -113,8 +114,8 @@ class ArrowMaterializationEngine(LocalComputeEngine):
             job_id=job_id, status=MaterializationJobStatus.SUCCEEDED
         )
 
-    def _materialize_file(
-        self, view: FeatureView, path: Path, task: MaterializationTask
+    def _materialize_parts(
+        self, view: FeatureView, paths: list[Path], task: MaterializationTask
     ) -> None:
         source = view.batch_source
         assert source is not None
@@ -122,17 +123,18 @@ class ArrowMaterializationEngine(LocalComputeEngine):
         if len(join_keys) != 1:
             raise ValueError(f"view {view.name!r}: one join key expected")
         (entity,) = join_keys
-        parquet = pq.ParquetFile(path)
+        parts = [pq.ParquetFile(path) for path in paths]
         columns = [entity, source.timestamp_field, *(f.name for f in view.features)]
         keep = latest_rows(
-            parquet,
+            parts,
             entity,
             make_tzaware(task.start_time),
             make_tzaware(task.end_time),
             source.timestamp_field,
         )
-        rows = batch_rows(parquet, columns, self.batch_rows, self.batch_bytes)
-        bar = task.tqdm_builder(int(keep.sum())) if task.tqdm_builder else None
+        rows = batch_rows(parts, columns, self.batch_rows, self.batch_bytes)
+        kept = sum(int(mask.sum()) for mask in keep)
+        bar = task.tqdm_builder(kept) if task.tqdm_builder else None
         writer = online_writer(self.online_store, self.repo_config, self.batch_rows)
         # Three stages on three threads, two batches in flight between each:
         # Parquet decoding (Arrow's C++), encoding (numpy / Arrow) and the
@@ -143,7 +145,7 @@ class ArrowMaterializationEngine(LocalComputeEngine):
         if self.keep_freed_memory:
             reuse_freed_memory()
         batches = prefetch(
-            window_batches(parquet, columns, keep, rows), name="feast-engine-read"
+            window_batches(parts, columns, keep, rows), name="feast-engine-read"
         )
         encoded = prefetch(
             (writer.encode(view, b, join_keys) for b in batches),
@@ -166,9 +168,10 @@ class ArrowMaterializationEngine(LocalComputeEngine):
             bar.close()
 
 
-def columnar_path(view: Any, task: MaterializationTask) -> Path | None:
-    """The local Parquet file :class:`ArrowMaterializationEngine` reads for
-    ``view``, or None where Feast's own engine must run."""
+def columnar_parts(view: Any, task: MaterializationTask) -> list[Path] | None:
+    """The local Parquet files :class:`ArrowMaterializationEngine` reads for
+    ``view`` (its source's file, or the parts of its source's folder), or None
+    where Feast's own engine must run."""
     source = getattr(view, "batch_source", None)
     if (
         type(view) is not FeatureView  # batch / stream views: transformations
@@ -180,6 +183,10 @@ def columnar_path(view: Any, task: MaterializationTask) -> Path | None:
     ):
         return None
     path = Path(source.path)
-    if "://" in source.path or path.suffix != ".parquet" or not path.is_file():
+    if "://" in source.path:
         return None
-    return path
+    if path.is_dir():
+        return table_parts(path) or None
+    if path.suffix != ".parquet" or not path.is_file():
+        return None
+    return [path]

@@ -238,7 +238,7 @@ def table_problems(name: str, schema: pa.Schema) -> list[str]:
 def validate_feature_tables(
     features_dir: Path, names: Iterable[str] | None = None
 ) -> None:
-    """Check each feature table's file against its view before Feast reads it.
+    """Check each feature table's parts against its view before Feast reads it.
 
     Reads Parquet footers only (cheap). Extra columns are allowed (Feast
     ignores them).
@@ -253,16 +253,17 @@ def validate_feature_tables(
     """
     import pyarrow.parquet as pq
 
-    from features.feature_tables import FEATURE_TABLES
+    from features.feature_tables import FEATURE_TABLES, table_folder, table_parts
 
     errors = []
     for name in names if names is not None else FEATURE_TABLES:
-        path = features_dir / "feature_tables" / f"{name}.parquet"
-        if not path.is_file():
-            errors.append(f"feature view {name!r}: {path} does not exist")
-            continue
-        for problem in table_problems(name, pq.read_schema(path)):
-            errors.append(f"feature view {name!r} ({path}): {problem}")
+        folder = table_folder(features_dir, name)
+        parts = table_parts(folder)
+        if not parts:
+            errors.append(f"feature view {name!r}: no Parquet parts in {folder}")
+        for path in parts:
+            for problem in table_problems(name, pq.read_schema(path)):
+                errors.append(f"feature view {name!r} ({path}): {problem}")
     if errors:
         raise FeatureTableError("bad feature tables:\n  " + "\n  ".join(errors))
 
