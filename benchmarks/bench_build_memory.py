@@ -12,9 +12,9 @@ runner, and the worker where it is embedded), the largest SDK worker, and
 Prism's Go engine where ``--runner prism``.
 
 Which figure answers which question: a worker's peak at equal events per
-worker says whether the job's per-shard work is bounded; at equal shards
-per worker and a growing input it shows what the runner hands each worker
-(``docs/decisions/0023-worker-memory-on-local-runners.md``).
+worker and a growing input says whether the job's own work is bounded; at a
+fixed worker count and a growing input it shows what the runner hands each
+worker (``docs/decisions/0023-worker-memory-on-local-runners.md``).
 
 Usage::
 
