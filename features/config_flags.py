@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import datetime as dt
 import types
 import typing
 from collections.abc import Sequence
@@ -22,6 +23,16 @@ from typing import Any, Final
 HELP: Final = "help"
 FLAG: Final = "flag"
 ARGPARSE: Final = "argparse"
+
+
+def iso_date(text: str) -> dt.date:
+    """argparse type: a ``YYYY-MM-DD`` date."""
+    try:
+        return dt.date.fromisoformat(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(
+            f"expected YYYY-MM-DD, got {text!r}"
+        ) from error
 
 
 def positive_int(text: str) -> int:

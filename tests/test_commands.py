@@ -135,6 +135,7 @@ COMMANDS: dict[str, set[str]] = {
         "--threads",
         "--device",
         "--precision",
+        "--patience",
         "--max-train-seconds",
         "--recalibrate",
         "--compile",
@@ -147,6 +148,7 @@ COMMANDS: dict[str, set[str]] = {
         "--validation",
         "--eval",
         "--eval-days",
+        "--cut-day",
         "--validation-days",
     },
     "trainer.daemon": {

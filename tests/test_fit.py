@@ -114,6 +114,46 @@ def test_validation_selects_the_epoch_that_is_evaluated(
     )
 
 
+def test_patience_stops_after_epochs_without_a_better_validation_ne(
+    split: tuple[Path, Path, int], tmp_path: Path
+) -> None:
+    """A rate high enough to overfit this small set after its first epoch:
+    the run without patience shows validation NE worse at every later epoch,
+    so patience N stops after N more; the model evaluated is the same."""
+    _, evals, _ = split
+    common = ["--model", "dlrm", "--epochs", "5", "--lr", "2e-2"]
+    common += ["--validation", str(evals)]
+    full = _run(split, tmp_path / "full.json", *common)
+    scores = full["train"]["epoch_validation_click_ne"]
+    assert full["train"]["selected_epoch"] == 0
+    assert min(scores[1:]) > scores[0]
+    assert not full["train"]["stopped_early"]
+    for patience in (1, 2):
+        report = _run(
+            split, tmp_path / f"p{patience}.json", *common, "--patience", str(patience)
+        )
+        t = report["train"]
+        assert t["stopped_early"]
+        assert t["epochs_run"] == 1 + patience
+        assert t["epoch_validation_click_ne"] == scores[: 1 + patience]
+        assert t["selected_epoch"] == 0
+        assert report["overall"]["click"]["ne"] == full["overall"]["click"]["ne"]
+
+
+def test_patience_without_validation_is_refused(
+    split: tuple[Path, Path, int], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    train, evals, _ = split
+    argv = ["--train", str(train), "--eval", str(evals), "--patience", "1"]
+    assert fit_command.main([*argv, "--metrics-out", str(tmp_path / "x.json")]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "python -m trainer.fit: error: --patience needs --validation; "
+        "add --validation DIR"
+    )
+    with pytest.raises(ValueError, match="--patience needs --validation"):
+        fit_module.fit(fit_module.FitConfig(train=train, eval=evals, patience=1))
+
+
 def test_time_limit_stops_before_the_next_epoch(
     split: tuple[Path, Path, int], tmp_path: Path
 ) -> None:

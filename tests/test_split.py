@@ -77,6 +77,74 @@ def test_three_periods_at_day_boundaries_lose_no_example(
     assert sum(s["examples"] for s in summary.values()) == source.num_rows
 
 
+def _input_day(features: Path, offset: int) -> str:
+    """The UTC day ``offset`` days after the input's first, as YYYY-MM-DD."""
+    first = int((event_time_ms(read_examples(features)) // DAY_MS).min())
+    return str(np.datetime64(first + offset, "D"))
+
+
+def test_a_cut_day_leaves_out_the_days_after_its_eval_period(
+    features: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    dirs = {name: tmp_path / name for name in ("train", "val", "eval")}
+    code, out, err = _split(
+        capsys, "--input", str(features), "--train", str(dirs["train"]),
+        "--validation", str(dirs["val"]), "--eval", str(dirs["eval"]),
+        "--cut-day", _input_day(features, 2), "--validation-days", "1",
+    )  # fmt: skip
+    assert code == 0, err
+    summary = json.loads(out)
+    source = read_examples(features)
+    days = event_time_ms(source) // DAY_MS
+    first = int(days.min())
+    expected = {
+        "train": days == first,
+        "validation": days == first + 1,
+        "eval": days == first + 2,
+        "left_out": days == first + 3,
+    }
+    assert list(summary) == list(expected)
+    for name, mask in expected.items():
+        assert summary[name]["examples"] == int(mask.sum()) > 0
+    for name, flag in (("train", "train"), ("val", "validation"), ("eval", "eval")):
+        ids = source.filter(expected[flag]).column("example_id").to_pylist()
+        assert read_examples(dirs[name]).column("example_id").to_pylist() == ids
+    # The days after the eval period are counted and written nowhere.
+    assert summary["left_out"]["dir"] is None
+    assert summary["left_out"]["first_day"] == _input_day(features, 3)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["eval", "train", "val"]
+    assert sum(s["examples"] for s in summary.values()) == source.num_rows
+
+
+def test_a_cut_at_the_last_days_is_the_default_split(
+    features: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["--input", str(features), "--train", str(tmp_path / "t")]
+    argv += ["--eval", str(tmp_path / "e"), "--eval-days", "2"]
+    code, default, _ = _split(capsys, *argv)
+    assert code == 0
+    code, cut, _ = _split(capsys, *argv, "--cut-day", _input_day(features, 2))
+    assert code == 0
+    assert json.loads(cut) == json.loads(default)
+    assert "left_out" not in json.loads(cut)
+
+
+def test_a_cut_day_that_is_not_a_day_is_a_usage_error(
+    features: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["--input", str(features), "--train", str(tmp_path / "t")]
+    argv += ["--eval", str(tmp_path / "e"), "--cut-day", "2026-13-01"]
+    with pytest.raises(SystemExit) as exited:
+        split.main(argv)
+    assert exited.value.code == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last == (
+        "python -m trainer.data.split: error: argument --cut-day: "
+        "expected YYYY-MM-DD, got '2026-13-01'"
+    )
+    assert not (tmp_path / "t").exists()
+
+
 def test_without_validation_two_periods(
     features: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -116,6 +184,8 @@ def test_a_second_split_replaces_the_first(
         ("not-a-split-folder", "holds more than a split folder"),
         ("no-input", "no such folder"),
         ("not-features", "no examples/ Parquet files there"),
+        ("cut-too-late", "1 UTC day(s) of --input from there, --eval-days 2"),
+        ("cut-too-early", "leave no day to train on before --cut-day"),
     ],
 )  # fmt: skip
 def test_bad_input_is_one_line_exit_2(
@@ -141,6 +211,10 @@ def test_bad_input_is_one_line_exit_2(
     elif case == "not-features":
         source = tmp_path / "empty"
         source.mkdir()
+    elif case == "cut-too-late":
+        days = ["--eval-days", "2", "--cut-day", _input_day(features, 3)]
+    elif case == "cut-too-early":
+        days = ["--eval-days", "1", "--cut-day", _input_day(features, 1)]
     code, out, err = _split(
         capsys, "--input", str(source), "--train", str(train),
         "--validation", str(val), "--eval", str(evals), *days,

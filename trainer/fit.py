@@ -50,8 +50,10 @@ def run(args: argparse.Namespace) -> int:
     """Check the input, train, write the report (and the checkpoint)."""
     cfg = FitConfig(**config_fields(args, FitConfig))
     outputs = FitOutputs(**config_fields(args, FitOutputs))
-    if cfg.recalibrate and cfg.validation is None:
-        raise CommandError("--recalibrate needs --validation", "add --validation DIR")
+    chooses = {"--recalibrate": cfg.recalibrate, "--patience": cfg.patience}
+    for name, asked in chooses.items():
+        if asked and cfg.validation is None:
+            raise CommandError(f"{name} needs --validation", "add --validation DIR")
     feature_dir("--train", cfg.train)
     feature_dir("--eval", cfg.eval)
     if cfg.validation is not None:

@@ -10,22 +10,11 @@ its flags before the generator (numpy, pyarrow) loads.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import datetime as dt
 from dataclasses import field
 
-from features.config_flags import flag, positive_int
-
-
-def iso_date(text: str) -> dt.date:
-    """argparse type: a ``YYYY-MM-DD`` date."""
-    try:
-        return dt.date.fromisoformat(text)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(
-            f"expected YYYY-MM-DD, got {text!r}"
-        ) from error
+from features.config_flags import flag, iso_date, positive_int
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -87,7 +87,9 @@ def time_forward_split(
 
 
 def split_periods(
-    source: Path | str, cuts_ms: Sequence[int], targets: Sequence[Path | str]
+    source: Path | str,
+    cuts_ms: Sequence[int],
+    targets: Sequence[Path | str | None],
 ) -> list[int]:
     """Split a feature-job output at ``cuts_ms`` into ``len(cuts_ms) + 1``
     such dirs, one per time period, oldest first.
@@ -98,10 +100,10 @@ def split_periods(
     each example, so the shared timeline leaks nothing from the future into
     an earlier period, and gives a later one its true past). Examples are
     written one file per UTC day, like the feature job. A target that exists
-    is replaced.
+    is replaced; a None target's period is counted and not written.
 
     Returns:
-        The examples written to each target.
+        The examples of each period.
     """
     if len(targets) != len(cuts_ms) + 1:
         raise ValueError(f"{len(cuts_ms)} cuts make {len(cuts_ms) + 1} periods")
@@ -118,6 +120,9 @@ def split_periods(
         if stop is not None:
             mask = pc.and_(mask, pc.less(times, pa.scalar(stop, pa.int64())))
         part = examples.filter(mask)
+        counts.append(part.num_rows)
+        if target is None:
+            continue
         out = Path(target)
         if out.exists():
             shutil.rmtree(out)
@@ -125,7 +130,6 @@ def split_periods(
         (out / "timelines").mkdir(parents=True)
         for file in sorted((Path(source) / "timelines").glob("*.parquet")):
             shutil.copyfile(file, out / "timelines" / file.name)
-        counts.append(part.num_rows)
     return counts
 
 

@@ -15,8 +15,11 @@ Model selection: with ``--validation DIR`` (a time period after the train
 period and before the eval one), the model is scored on it after every epoch
 and the epoch with the lowest overall click NE there is the one evaluated
 (early stopping by validation; the eval set is never looked at to choose).
-Each epoch's train NE (on a fixed sample of train examples, in eval mode) and
-validation NE are reported, so under- and over-fitting show as numbers.
+``--patience N`` also stops the run once ``N`` epochs in a row have not
+bettered that best (the report says ``stopped_early``), so ``--epochs`` can
+be a ceiling rather than a guess. Each epoch's train NE (on a fixed sample
+of train examples, in eval mode) and validation NE are reported, so under-
+and over-fitting show as numbers.
 
 Every model's output starts at the logit of the train base rate of its
 (domain, objective). One torch thread by default (``--threads``): faster on
@@ -223,6 +226,8 @@ def fit(
         validation = ExampleDataset(cfg.validation, max_seq_len=seq_len)
     if cfg.recalibrate and validation is None:
         raise ValueError("--recalibrate needs --validation")
+    if cfg.patience is not None and validation is None:
+        raise ValueError("--patience needs --validation")
     steps_per_epoch = -(-len(train) // cfg.batch_size)
     if cfg.max_steps_per_epoch is not None:
         steps_per_epoch = min(steps_per_epoch, cfg.max_steps_per_epoch)
@@ -289,6 +294,7 @@ class _History:
     validation_ne: list[float | None] = dataclasses.field(default_factory=list)
     best: tuple[float, int, dict[str, torch.Tensor]] | None = None
     epochs_run: int = 0
+    stopped_early: bool = False
     seen: int = 0
     seconds: float = 0.0
     validation_examples: int = 0
@@ -299,6 +305,7 @@ class _History:
             "examples_seen": self.seen,
             "seconds": self.seconds,
             "epochs_run": self.epochs_run,
+            "stopped_early": self.stopped_early,
             "examples_per_s": self.seen / self.seconds if self.seconds else None,
             "epoch_loss": self.epoch_loss,
             "epoch_train_click_ne": self.train_ne,
@@ -362,7 +369,24 @@ def _train_epochs(
                 state = copy.deepcopy(trainer.model.state_dict())
                 history.best = (score, epoch, state)
         print(line, file=sys.stderr)
+        if epoch + 1 < cfg.epochs and out_of_patience(history, cfg.patience):
+            history.stopped_early = True
+            best = history.report()["selected_epoch"]
+            print(
+                f"stopping: {cfg.patience} epoch(s) since epoch {best} without "
+                "a better validation click NE",
+                file=sys.stderr,
+            )
+            break
     return history
+
+
+def out_of_patience(history: _History, patience: int | None) -> bool:
+    """Whether the last ``patience`` epochs all ran after the best one (on
+    validation click NE), so training stops; never without ``patience``."""
+    if patience is None or history.best is None:
+        return False
+    return history.epochs_run - 1 - history.best[1] >= patience
 
 
 def _epoch(

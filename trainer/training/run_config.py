@@ -131,6 +131,15 @@ class FitConfig(ModelRunConfig):
             choices=PRECISIONS,
         ),
     )
+    patience: int | None = field(
+        default=None,
+        metadata=flag(
+            "stop once validation click NE has not improved for N epochs "
+            "(needs --validation; the best epoch is still the one evaluated)",
+            type=positive_int,
+            metavar="N",
+        ),
+    )
     max_train_seconds: float | None = field(
         default=None,
         metadata=flag("start no new epoch after this many seconds (a safety net)"),
