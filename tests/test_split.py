@@ -39,15 +39,25 @@ def _split(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, st
     return code, out, err
 
 
+def _three_periods(
+    capsys: pytest.CaptureFixture[str], features: Path, root: Path, *periods: str
+) -> tuple[dict[str, Path], tuple[int, str, str]]:
+    """The split into ``root``'s train / val / eval folders with ``periods``'
+    flags: the folders, and the command's exit code and output."""
+    dirs = {name: root / name for name in ("train", "val", "eval")}
+    result = _split(
+        capsys, "--input", str(features), "--train", str(dirs["train"]),
+        "--validation", str(dirs["val"]), "--eval", str(dirs["eval"]), *periods,
+    )  # fmt: skip
+    return dirs, result
+
+
 def test_three_periods_at_day_boundaries_lose_no_example(
     features: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    dirs = {name: tmp_path / name for name in ("train", "val", "eval")}
-    code, out, err = _split(
-        capsys, "--input", str(features), "--train", str(dirs["train"]),
-        "--validation", str(dirs["val"]), "--eval", str(dirs["eval"]),
-        "--eval-days", "1", "--validation-days", "2",
-    )  # fmt: skip
+    dirs, (code, out, err) = _three_periods(
+        capsys, features, tmp_path, "--eval-days", "1", "--validation-days", "2"
+    )
     assert code == 0, err
     summary = json.loads(out)
     source = read_examples(features)
@@ -86,10 +96,8 @@ def _input_day(features: Path, offset: int) -> str:
 def test_a_cut_day_leaves_out_the_days_after_its_eval_period(
     features: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    dirs = {name: tmp_path / name for name in ("train", "val", "eval")}
-    code, out, err = _split(
-        capsys, "--input", str(features), "--train", str(dirs["train"]),
-        "--validation", str(dirs["val"]), "--eval", str(dirs["eval"]),
+    dirs, (code, out, err) = _three_periods(
+        capsys, features, tmp_path,
         "--cut-day", _input_day(features, 2), "--validation-days", "1",
     )  # fmt: skip
     assert code == 0, err
