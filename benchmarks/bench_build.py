@@ -166,6 +166,12 @@ def _run_job(
     return result
 
 
+def scale_config(millions: float) -> GeneratorConfig:
+    """The generated world of about ``millions`` M raw events (4 days)."""
+    users = int(USERS_PER_MILLION * millions)
+    return GeneratorConfig(users=users, ads=max(users // 10, 1), days=4, seed=0)
+
+
 def measure(
     millions: float,
     repeat: int,
@@ -174,8 +180,7 @@ def measure(
     beam_args: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Generate one data set of about ``millions`` M events; time every job."""
-    users = int(USERS_PER_MILLION * millions)
-    config = GeneratorConfig(users=users, ads=max(users // 10, 1), days=4, seed=0)
+    config = scale_config(millions)
     source = workdir / f"data-{millions}"
     data, _ = generate_dataset(config, source)
     events = data.events.num_rows
@@ -190,7 +195,7 @@ def measure(
     reference, peer = best["reference"], best[PEER]
     return {
         "events": events,
-        "users": users,
+        "users": config.users,
         "counts_equal": all(b["counts"] == reference["counts"] for b in best.values()),
         "jobs": best,
         "events_per_s": {job: events / b["wall_s"] for job, b in best.items()},

@@ -36,9 +36,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.bench_build import ROOT, RUNNERS, USERS_PER_MILLION
+from benchmarks.bench_build import ROOT, RUNNERS, scale_config
 from benchmarks.bench_generator import hardware
-from pipelines.sources.synthetic import GeneratorConfig, generate_dataset
+from pipelines.sources.synthetic import generate_dataset
 
 SAMPLE_S = 0.1
 
@@ -127,7 +127,7 @@ def follow_peaks(process: subprocess.Popen[bytes]) -> dict[str, int]:
         ]:
             peak = high_water_mb(pid) if role else None
             if role and peak is not None:
-                seen[pid] = (role, max(peak, seen.get(pid, (role, 0))[1]))
+                seen[pid] = (role, peak)  # a high-water mark: the last read is the peak
         time.sleep(SAMPLE_S)
     peaks: dict[str, int] = {}
     for role, peak in seen.values():
@@ -137,11 +137,9 @@ def follow_peaks(process: subprocess.Popen[bytes]) -> dict[str, int]:
 
 def measure(layout: Layout, runner: str, workdir: Path) -> dict[str, Any]:
     """Run the job once on this layout's data; its time and memory."""
-    users = int(USERS_PER_MILLION * layout.millions)
     source = workdir / f"data-{layout.millions:g}"
     if not source.exists():
-        config = GeneratorConfig(users=users, ads=max(users // 10, 1), days=4, seed=0)
-        generate_dataset(config, source)
+        generate_dataset(scale_config(layout.millions), source)
     out = workdir / "out"
     flags, expected = RUNNERS[runner]
     command = [
