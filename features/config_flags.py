@@ -51,6 +51,14 @@ def positive_float(text: str) -> float:
     return value
 
 
+def share(text: str) -> float:
+    """argparse type: a share of a whole, at least 0 and below 1."""
+    value = float(text)
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 0 and below 1, got {value}")
+    return value
+
+
 def _value_type(hint: Any) -> type | None:
     """``int | None`` -> ``int``: the type a flag's text converts to; None
     where the hint is no one class (``int | str``, ``list[str]``), for a flag

@@ -121,6 +121,7 @@ COMMANDS: dict[str, set[str]] = {
         "--train",
         "--eval",
         "--validation",
+        "--holdout",
         "--model",
         "--preset",
         "--epochs",

@@ -8,9 +8,11 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from benchmarks.generated import generated_features
+from features.cli import CommandError
 from features.vocab import DOMAINS, TRAINING_OBJECTIVES
 from pipelines.sources.synthetic import GeneratorConfig
 from trainer import fit as fit_command
@@ -122,8 +124,8 @@ def test_patience_stops_after_epochs_without_a_better_validation_ne(
     so patience N stops after N more; the model evaluated is the same."""
     _, evals, _ = split
     common = ["--model", "dlrm", "--epochs", "5", "--lr", "2e-2"]
-    common += ["--validation", str(evals)]
-    full = _run(split, tmp_path / "full.json", *common)
+    common += ["--validation", str(evals), "--lr-schedule", "constant"]
+    full = _run(split, tmp_path / "full.json", *common, "--patience", "5")
     scores = full["train"]["epoch_validation_click_ne"]
     assert full["train"]["selected_epoch"] == 0
     assert min(scores[1:]) > scores[0]
@@ -140,18 +142,90 @@ def test_patience_stops_after_epochs_without_a_better_validation_ne(
         assert report["overall"]["click"]["ne"] == full["overall"]["click"]["ne"]
 
 
+def test_the_default_recipe_holds_out_the_latest_train_examples_and_stops(
+    split: tuple[Path, Path, int], tmp_path: Path
+) -> None:
+    """No tuning flag but the holdout's share (this small set's latest tenth
+    holds no click): the latest examples of --train choose the epoch, a
+    worse epoch goes back to the best at half the rate, two in a row end
+    the run."""
+    train, _, _ = split
+    flags = ["--model", "dlrm", "--lr", "2e-2", "--holdout", "0.4"]
+    report = _run(split, tmp_path / "d.json", *flags)
+    t, recipe = report["train"], report["recipe"]
+    held_out = int(recipe["validation"].split()[-2])
+    times = np.sort(event_time_ms(read_examples(train)))
+    assert t["examples"] + t["validation_examples"] == times.size
+    assert t["examples"] == int((times < held_out).sum())
+    assert t["validation_examples"] == pytest.approx(0.4 * times.size, rel=0.05)
+    assert (recipe["epochs"], recipe["patience"]) == (8, 2)
+    assert recipe["lr_schedule"] == "plateau"
+    scores = t["epoch_validation_click_ne"]
+    assert t["stopped_early"], scores  # this rate overfits the small set
+    best = t["selected_epoch"]
+    assert scores[best] == min(scores)
+    assert t["epochs_run"] == best + 3
+    # Each epoch after a worse one ran at half the rate before it.
+    expected, rate = [], 2e-2
+    for epoch in range(t["epochs_run"]):
+        expected.append(rate)
+        if epoch != best and epoch >= best:
+            rate /= 2
+    assert t["epoch_lr"] == pytest.approx(expected)
+
+
+def test_the_plateau_schedule_goes_back_to_the_best_epoch(
+    split: tuple[Path, Path, int], tmp_path: Path
+) -> None:
+    """After a worse epoch the weights are the best epoch's again: the next
+    epoch's train NE starts from there, so a run with the same seed that
+    stops at the best epoch has the same eval scores."""
+    _, evals, _ = split
+    common = ["--model", "dlrm", "--lr", "2e-2", "--validation", str(evals)]
+    report = _run(split, tmp_path / "p.json", *common, "--epochs", "3")
+    t = report["train"]
+    assert t["selected_epoch"] == 0
+    assert t["epochs_run"] == 3
+    assert t["epoch_lr"] == pytest.approx([2e-2, 2e-2, 1e-2])
+    once = _run(split, tmp_path / "o.json", *common, "--epochs", "1")
+    assert report["overall"] == once["overall"]
+
+
+def test_a_holdout_of_one_instant_is_refused(tmp_path: Path) -> None:
+    """Every example at one time: nothing is before the holdout's start."""
+    data = tmp_path / "one"
+    generated_features(
+        GeneratorConfig(users=20, ads=10, days=1, seed=1), tmp_path / "g", data
+    )
+    examples = read_examples(data)
+    same = ExampleDataset(data, max_seq_len=8)
+    same.examples = examples.set_column(
+        examples.schema.get_field_index("event_time"),
+        "event_time",
+        pa.array(
+            [examples.column("event_time")[0].as_py()] * examples.num_rows,
+            examples.schema.field("event_time").type,
+        ),
+    )
+    with pytest.raises(CommandError, match=r"--holdout 0\.1: every example"):
+        fit_module.hold_out_latest(same, 0.1)
+
+
 def test_patience_without_validation_is_refused(
     split: tuple[Path, Path, int], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     train, evals, _ = split
     argv = ["--train", str(train), "--eval", str(evals), "--patience", "1"]
+    argv += ["--holdout", "0"]
     assert fit_command.main([*argv, "--metrics-out", str(tmp_path / "x.json")]) == 2
     assert capsys.readouterr().err.strip() == (
-        "python -m trainer.fit: error: --patience needs --validation; "
-        "add --validation DIR"
+        "python -m trainer.fit: error: --patience needs a validation period; "
+        "add --validation DIR, or a --holdout share above 0"
     )
-    with pytest.raises(ValueError, match="--patience needs --validation"):
-        fit_module.fit(fit_module.FitConfig(train=train, eval=evals, patience=1))
+    with pytest.raises(ValueError, match="--patience needs a validation period"):
+        fit_module.fit(
+            fit_module.FitConfig(train=train, eval=evals, patience=1, holdout=0)
+        )
 
 
 def test_time_limit_stops_before_the_next_epoch(
@@ -279,14 +353,15 @@ def test_recalibration_without_validation_is_refused(
 ) -> None:
     train, evals, _ = split
     argv = ["--train", str(train), "--eval", str(evals), "--recalibrate"]
+    argv += ["--holdout", "0"]
     assert fit_command.main([*argv, "--metrics-out", str(tmp_path / "x.json")]) == 2
     assert capsys.readouterr().err.strip() == (
-        "python -m trainer.fit: error: --recalibrate needs --validation; "
-        "add --validation DIR"
+        "python -m trainer.fit: error: --recalibrate needs a validation period; "
+        "add --validation DIR, or a --holdout share above 0"
     )
-    with pytest.raises(ValueError, match="needs --validation"):
+    with pytest.raises(ValueError, match="needs a validation period"):
         fit_module.fit(
-            fit_module.FitConfig(train=train, eval=evals, recalibrate=True),
+            fit_module.FitConfig(train=train, eval=evals, recalibrate=True, holdout=0),
         )
 
 

@@ -91,6 +91,7 @@ def test_fit_on_cuda_reports_the_device_and_close_metrics(tmp_path: Path) -> Non
             "--train", str(tmp_path / "train"), "--eval", str(tmp_path / "eval"),
             "--model", "dlrm", "--preset", "tiny", "--max-seq-len", "32",
             "--batch-size", "256", "--device", device, "--metrics-out", str(out),
+            "--holdout", "0",
         ]  # fmt: skip
         assert fit_command.main(argv) == 0
         reports[device] = json.loads(out.read_text())
@@ -105,6 +106,7 @@ def test_fit_on_cuda_reports_the_device_and_close_metrics(tmp_path: Path) -> Non
         fit_module.FitConfig(
             train=tmp_path / "train", eval=tmp_path / "eval", model="dlrm",
             max_seq_len=32, device="cuda", max_steps_per_epoch=2, preset="tiny",
+            holdout=0,
         ),
         predictions_out=predictions,
     )  # fmt: skip

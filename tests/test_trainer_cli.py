@@ -253,8 +253,8 @@ def test_fit_bad_input_is_one_line(
     assert fit_command.main(["--train", str(tmp_path / "nope"), *base]) == 2
     assert "--train" in _one_line_error(capsys, "trainer.fit")
     argv = ["--train", str(periods["train"]), *base, "--recalibrate"]
-    assert fit_command.main(argv) == 2
-    assert "needs --validation" in _one_line_error(capsys, "trainer.fit")
+    assert fit_command.main([*argv, "--holdout", "0"]) == 2
+    assert "needs a validation period" in _one_line_error(capsys, "trainer.fit")
     broken = tmp_path / "broken"
     for part in ("examples/date=2026-10-01", "timelines"):
         (broken / part).mkdir(parents=True)

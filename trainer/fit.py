@@ -12,15 +12,20 @@ from pathlib import Path
 from features.cli import CommandError, CommandParser, run_command
 from features.config_flags import add_config_flags, config_fields, flag
 from trainer.cli import REPORT_HELP, feature_dir, start_torch
-from trainer.training.run_config import FitConfig
+from trainer.training.run_config import DEFAULT_MAX_EPOCHS, DEFAULT_PATIENCE, FitConfig
 
-DESCRIPTION = """\
+DESCRIPTION = f"""\
 Train a model on one feature-job output and evaluate it on another.
 
 --train, --validation and --eval are folders of examples + timelines, as
-pipelines.build writes one and python -m trainer.data.split cuts one into three
-time periods. The report (--metrics-out) holds NE / AUC / calibration
-per (domain, objective); --save writes the trained model as a checkpoint that
+pipelines.build writes one and python -m trainer.data.split cuts one into
+three time periods; without --validation the latest --holdout share of
+--train is the validation period. With no tuning flag the recipe is: up to
+{DEFAULT_MAX_EPOCHS} epochs, each scored on validation; an epoch that does
+not better it goes back to the best one at half the rate, {DEFAULT_PATIENCE}
+such epochs in a row end the run, and the best epoch is the one evaluated.
+The report (--metrics-out) holds NE / AUC / calibration per (domain,
+objective); --save writes the trained model as a checkpoint that
 carries its configuration (what python -m trainer.distill reads)."""
 
 
@@ -52,8 +57,11 @@ def run(args: argparse.Namespace) -> int:
     outputs = FitOutputs(**config_fields(args, FitOutputs))
     chooses = {"--recalibrate": cfg.recalibrate, "--patience": cfg.patience}
     for name, asked in chooses.items():
-        if asked and cfg.validation is None:
-            raise CommandError(f"{name} needs --validation", "add --validation DIR")
+        if asked and cfg.validation is None and cfg.holdout == 0:
+            raise CommandError(
+                f"{name} needs a validation period",
+                "add --validation DIR, or a --holdout share above 0",
+            )
     feature_dir("--train", cfg.train)
     feature_dir("--eval", cfg.eval)
     if cfg.validation is not None:

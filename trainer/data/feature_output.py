@@ -31,6 +31,7 @@ importable from here too.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -81,6 +82,21 @@ class ExampleDataset:
 
     def __len__(self) -> int:
         return self.examples.num_rows
+
+    def split_at(self, cut_ms: int) -> tuple[ExampleDataset, ExampleDataset]:
+        """The examples before ``cut_ms`` (event time) and those from it,
+        as two datasets that share this one's timelines (each example's
+        history is where it was: only its rows move)."""
+        before = event_time_ms(self.examples) < cut_ms
+        return (
+            self._with_examples(self.examples.filter(pa.array(before))),
+            self._with_examples(self.examples.filter(pa.array(~before))),
+        )
+
+    def _with_examples(self, examples: pa.Table) -> ExampleDataset:
+        data = copy.copy(self)
+        data.examples = examples
+        return data
 
     def order(self, *, shuffle: bool, seed: int, epoch: int) -> np.ndarray:
         """Row order of one epoch: a permutation seeded by ``(seed, epoch)``.

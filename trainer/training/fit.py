@@ -66,7 +66,6 @@ kernels are deterministic at a fixed thread count.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import math
 import sys
@@ -76,9 +75,10 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import torch
 
-from features.cli import progress
+from features.cli import CommandError, progress
 from features.json_report import json_safe
 from features.metrics import binary_metrics
 from features.vocab import DOMAINS, TRAINING_OBJECTIVES
@@ -224,10 +224,20 @@ def fit(
     validation = validation_data
     if validation is None and cfg.validation is not None:
         validation = ExampleDataset(cfg.validation, max_seq_len=seq_len)
-    if cfg.recalibrate and validation is None:
-        raise ValueError("--recalibrate needs --validation")
-    if cfg.patience is not None and validation is None:
-        raise ValueError("--patience needs --validation")
+    held_out_from = None
+    if validation is None and cfg.holdout > 0:
+        train, validation, held_out_from = hold_out_latest(train, cfg.holdout)
+    chooses = {"--recalibrate": cfg.recalibrate, "--patience": cfg.patience}
+    for name, asked in chooses.items():
+        if asked and validation is None:
+            raise ValueError(f"{name} needs a validation period")
+    if validation is not None and not _has_clicks(validation):
+        print(
+            "the validation period holds no click: no epoch is chosen on it "
+            "(the last one is evaluated, and the run does not stop early)",
+            file=sys.stderr,
+        )
+    epochs = cfg.max_epochs(validated=validation is not None)
     steps_per_epoch = -(-len(train) // cfg.batch_size)
     if cfg.max_steps_per_epoch is not None:
         steps_per_epoch = min(steps_per_epoch, cfg.max_steps_per_epoch)
@@ -237,11 +247,16 @@ def fit(
         base_rate_logits(train),
         device,
         autocast,
-        total_steps=max(1, cfg.epochs * steps_per_epoch),
+        total_steps=max(1, epochs * steps_per_epoch),
     )
-    history = _train_epochs(cfg, trainer, train, validation, steps_per_epoch)
+    recipe = _Recipe(
+        epochs=epochs,
+        patience=cfg.stop_after(validated=validation is not None),
+        plateau=cfg.lr_schedule == "plateau" and validation is not None,
+    )
+    history = _train_epochs(cfg, recipe, trainer, train, validation, steps_per_epoch)
     if history.best is not None:
-        trainer.model.load_state_dict(history.best[2])
+        trainer.restore(history.best[2])
     shifts = None
     if cfg.recalibrate and validation is not None:
         shifts = recalibrate(trainer.model, validation, autocast)
@@ -269,6 +284,22 @@ def fit(
             "device": _device_name(device),
             "precision": effective_precision(device, cfg.precision),
         },
+        "recipe": {
+            "epochs": recipe.epochs,
+            "patience": recipe.patience,
+            "lr_schedule": "plateau" if recipe.plateau else _fixed(cfg.lr_schedule),
+            # Where the validation period came from: a folder, the latest
+            # examples of --train (from that event time on), or the caller.
+            "validation": (
+                None
+                if validation is None
+                else str(cfg.validation)
+                if cfg.validation is not None
+                else "given"
+                if held_out_from is None
+                else f"holdout of --train from {held_out_from} ms"
+            ),
+        },
         "train": {
             "examples": len(train),
             **history.report(),
@@ -292,7 +323,8 @@ class _History:
     epoch_loss: list[float] = dataclasses.field(default_factory=list)
     train_ne: list[float | None] = dataclasses.field(default_factory=list)
     validation_ne: list[float | None] = dataclasses.field(default_factory=list)
-    best: tuple[float, int, dict[str, torch.Tensor]] | None = None
+    lr: list[float] = dataclasses.field(default_factory=list)
+    best: tuple[float, int, dict[str, Any]] | None = None
     epochs_run: int = 0
     stopped_early: bool = False
     seen: int = 0
@@ -310,6 +342,7 @@ class _History:
             "epoch_loss": self.epoch_loss,
             "epoch_train_click_ne": self.train_ne,
             "epoch_validation_click_ne": self.validation_ne,
+            "epoch_lr": self.lr,
             "selected_epoch": self.epochs_run - 1
             if self.best is None
             else self.best[1],
@@ -325,15 +358,37 @@ def _sample(rows: int, size: int | None, seed: list[int]) -> np.ndarray | None:
     return np.sort(np.random.default_rng(seed).permutation(rows)[:size])
 
 
+@dataclasses.dataclass(frozen=True)
+class _Recipe:
+    """What the run does between epochs, its defaults resolved: how many at
+    most, when to stop, and whether a worse epoch halves the rates."""
+
+    epochs: int
+    patience: int | None
+    plateau: bool
+
+
+def _has_clicks(data: ExampleDataset) -> bool:
+    return bool(pc.sum(data.examples.column("label_click")).as_py())
+
+
+def _fixed(schedule: str) -> str:
+    # Without a validation period the plateau schedule has nothing to watch.
+    return "constant" if schedule == "plateau" else schedule
+
+
 def _train_epochs(
     cfg: FitConfig,
+    recipe: _Recipe,
     trainer: FitTrainer,
     train: ExampleDataset,
     validation: ExampleDataset | None,
     steps_per_epoch: int,
 ) -> _History:
-    """Every epoch (until ``max_train_seconds``), each scored on a fixed
-    sample of train rows and on validation; the best on validation is kept."""
+    """Every epoch (until ``max_train_seconds`` or patience), each scored on
+    a fixed sample of train rows and on validation; the best on validation
+    is kept, and under the plateau schedule an epoch that does not better
+    it goes back to it at half the rates."""
     # A fixed sample of train rows, scored after each epoch (train NE).
     train_rows = _sample(len(train), cfg.train_ne_sample, [cfg.seed, 7])
     history = _History()
@@ -344,19 +399,21 @@ def _train_epochs(
             len(validation) if validation_rows is None else len(validation_rows)
         )
     run_started = time.perf_counter()
-    for epoch in range(cfg.epochs):
+    for epoch in range(recipe.epochs):
         if (
             cfg.max_train_seconds is not None
             and epoch > 0
             and time.perf_counter() - run_started > cfg.max_train_seconds
         ):
             break
-        _epoch(cfg, trainer, train, epoch, steps_per_epoch, history)
+        history.lr.append(trainer.rate_scale * cfg.lr)
+        _epoch(cfg, recipe, trainer, train, epoch, steps_per_epoch, history)
         with trainer.autocast:
             scores = evaluate_dataset(trainer.model, train, rows=train_rows)
         history.train_ne.append(_click_ne(scores))
         line = f"epoch {epoch}: mean train loss {history.epoch_loss[-1]:.5f}"
         line += f", train click NE {_fmt(history.train_ne[-1])}"
+        improved = False
         if validation is not None:
             with trainer.autocast:
                 scores = evaluate_dataset(
@@ -366,18 +423,27 @@ def _train_epochs(
             history.validation_ne.append(score)
             line += f", validation click NE {_fmt(score)}"
             if score is not None and (history.best is None or score < history.best[0]):
-                state = copy.deepcopy(trainer.model.state_dict())
-                history.best = (score, epoch, state)
+                history.best = (score, epoch, trainer.snapshot())
+                improved = True
         print(line, file=sys.stderr)
-        if epoch + 1 < cfg.epochs and out_of_patience(history, cfg.patience):
+        last = epoch + 1 == recipe.epochs
+        if not last and out_of_patience(history, recipe.patience):
             history.stopped_early = True
             best = history.report()["selected_epoch"]
             print(
-                f"stopping: {cfg.patience} epoch(s) since epoch {best} without "
+                f"stopping: {recipe.patience} epoch(s) since epoch {best} without "
                 "a better validation click NE",
                 file=sys.stderr,
             )
             break
+        if not last and recipe.plateau and not improved and history.best is not None:
+            trainer.restore(history.best[2])
+            trainer.rate_scale /= 2
+            print(
+                f"back to epoch {history.best[1]}'s weights at half the rate "
+                f"({trainer.rate_scale * cfg.lr:g})",
+                file=sys.stderr,
+            )
     return history
 
 
@@ -391,6 +457,7 @@ def out_of_patience(history: _History, patience: int | None) -> bool:
 
 def _epoch(
     cfg: FitConfig,
+    recipe: _Recipe,
     trainer: FitTrainer,
     train: ExampleDataset,
     epoch: int,
@@ -403,7 +470,7 @@ def _epoch(
     # Sum losses as a tensor: one host sync per epoch, not per step.
     total, steps = torch.zeros((), device=device), 0
     started = time.perf_counter()
-    bar = progress(f"epoch {epoch + 1}/{cfg.epochs}", total=steps_per_epoch)
+    bar = progress(f"epoch {epoch + 1}/{recipe.epochs}", total=steps_per_epoch)
     with bar as epoch_bar:
         for batch in train.batches(
             cfg.batch_size,
@@ -448,6 +515,28 @@ def load_datasets(
         read("--eval", cfg.eval),
         None if validation is None else read("--validation", validation),
     )
+
+
+def hold_out_latest(
+    data: ExampleDataset, share: float
+) -> tuple[ExampleDataset, ExampleDataset, int]:
+    """``data`` before the event time from which ``share`` of its examples
+    lie, those examples, and that time (epoch ms): the validation period a
+    run without one sets apart from its training data, latest last as a
+    split's would be."""
+    fix = "pass --validation DIR, or --holdout 0 to choose nothing"
+    times = np.sort(event_time_ms(data.examples))
+    if times.size == 0:
+        raise CommandError("--holdout: --train holds no examples", fix)
+    cut = int(times[min(int((1 - share) * times.size), times.size - 1)])
+    train, validation = data.split_at(cut)
+    if len(train) == 0:
+        raise CommandError(
+            f"--holdout {share:g}: every example of --train is at or after the "
+            "holdout's first impression time",
+            fix,
+        )
+    return train, validation, cut
 
 
 def save_fitted(

@@ -14,6 +14,7 @@ runs do not spend their steps learning the prior.
 
 from __future__ import annotations
 
+import copy
 import math
 from typing import Any
 
@@ -63,7 +64,7 @@ def lr_factor(schedule: str, step: int, total_steps: int) -> float:
         >>> round(lr_factor("cosine", 5, 10), 3)
         0.5
     """
-    if schedule == "constant":
+    if schedule in ("constant", "plateau"):  # plateau: FitTrainer.rate_scale
         return 1.0
     if schedule == "cosine":
         return 0.5 * (1.0 + math.cos(math.pi * min(step, total_steps) / total_steps))
@@ -132,10 +133,14 @@ class FitTrainer:
         self.optimizer = make_optimizer(self.model, cfg)
         self._base_lrs = [group["lr"] for group in self.optimizer.param_groups]
         self.steps = 0
+        # What the plateau schedule halves: every rate is its base times this.
+        self.rate_scale = 1.0
 
     def step(self, batch: Batch) -> torch.Tensor:
         """One step at the schedule's learning rate; its loss (on the device)."""
-        factor = lr_factor(self.cfg.lr_schedule, self.steps, self.total_steps)
+        factor = self.rate_scale * lr_factor(
+            self.cfg.lr_schedule, self.steps, self.total_steps
+        )
         for group, base_lr in zip(
             self.optimizer.param_groups, self._base_lrs, strict=True
         ):
@@ -145,6 +150,29 @@ class FitTrainer:
             out = train_step(self.model, batch, self.optimizer, self.cfg.max_grad_norm)
         return out.loss
 
+    def snapshot(self) -> dict[str, Any]:
+        """A copy of the model's and the optimizer's state, where they are,
+        for :meth:`restore` (the best epoch's, kept while later ones run)."""
+        return copy.deepcopy(
+            {"model": self.model.state_dict(), "optimizer": self._optimizer_state()}
+        )
+
+    def restore(self, snapshot: dict[str, Any]) -> None:
+        """Go back to a :meth:`snapshot` (the steps taken still count)."""
+        self.model.load_state_dict(snapshot["model"])
+        self._load_optimizer_state(copy.deepcopy(snapshot["optimizer"]))
+
+    def _optimizer_state(self) -> Any:
+        if isinstance(self.optimizer, _Combined):
+            return [o.state_dict() for o in self.optimizer.optimizers]
+        return self.optimizer.state_dict()
+
+    def _load_optimizer_state(self, state: Any) -> None:
+        if isinstance(self.optimizer, _Combined):
+            self.optimizer.load_parts(state)
+        else:
+            self.optimizer.load_state_dict(state)
+
     def state_dict(self) -> dict[str, Any]:
         """The model (``GEMTrain``'s names, CPU copies, without compile's),
         the optimizer state and the steps taken: a checkpoint's body."""
@@ -152,18 +180,16 @@ class FitTrainer:
         model = {
             f"model.{k}": v.detach().cpu() for k, v in self.eager.state_dict().items()
         }
-        optimizer: Any = self.optimizer.state_dict()
-        if isinstance(self.optimizer, _Combined):
-            optimizer = [o.state_dict() for o in self.optimizer.optimizers]
-        return {"model": model, "optimizer": optimizer, "step": self.steps}
+        return {
+            "model": model,
+            "optimizer": self._optimizer_state(),
+            "step": self.steps,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from :meth:`state_dict`'s output."""
         self.eager.load_state_dict(
             {k.removeprefix("model."): v for k, v in state["model"].items()}
         )
-        if isinstance(self.optimizer, _Combined):
-            self.optimizer.load_parts(state["optimizer"])
-        else:
-            self.optimizer.load_state_dict(state["optimizer"])
+        self._load_optimizer_state(state["optimizer"])
         self.steps = int(state["step"])

@@ -20,11 +20,14 @@ from dataclasses import field
 from pathlib import Path
 from typing import Final
 
-from features.config_flags import flag, positive_float, positive_int
+from features.config_flags import flag, positive_float, positive_int, share
 from trainer.cli import THREADS_HELP
 
 PRECISIONS: Final = ("fp32", "bf16")
 """What ``--precision`` takes (the autocast itself: :mod:`trainer.training.device`)."""
+
+LR_SCHEDULES: Final = ("plateau", "constant", "cosine")
+"""What ``--lr-schedule`` takes (the rates: :mod:`trainer.training.fit_trainer`)."""
 
 MODEL_NAMES: Final = (
     "gem",
@@ -43,6 +46,12 @@ MIN_SHARDED_ROWS: Final = 1_000
 # Both commands train a real model unless told otherwise; the tests and the
 # demos that want the unit tests' model pass --preset tiny.
 DEFAULT_PRESET: Final = "default"
+# The default recipe of trainer.fit: with a validation period, up to
+# DEFAULT_MAX_EPOCHS epochs, ended by DEFAULT_PATIENCE epochs in a row that
+# do not better it (each halving the rates from the best epoch's weights).
+DEFAULT_MAX_EPOCHS: Final = 8
+DEFAULT_PATIENCE: Final = 2
+DEFAULT_HOLDOUT: Final = 0.1
 PRESET_HELP: Final = (
     "model size (tiny: the unit tests'; default: a 2-core CPU's; large: a GPU's)"
 )
@@ -73,11 +82,27 @@ class FitConfig(ModelRunConfig):
         default=None,
         metadata=flag(
             "feature-job output scored after every epoch; the epoch with the "
-            "lowest overall click NE is the one evaluated"
+            "lowest overall click NE is the one evaluated (default: the "
+            "--holdout share of --train)"
         ),
     )
-    epochs: int = field(
-        default=1, metadata=flag("passes over --train", type=positive_int)
+    holdout: float = field(
+        default=DEFAULT_HOLDOUT,
+        metadata=flag(
+            "without --validation: the latest share of --train's examples (by "
+            "event time) is the validation period, and trains nothing; 0 "
+            "trains on all of --train and evaluates its last epoch",
+            type=share,
+            metavar="SHARE",
+        ),
+    )
+    epochs: int | None = field(
+        default=None,
+        metadata=flag(
+            f"passes over --train, at most (default: {DEFAULT_MAX_EPOCHS} with "
+            "a validation period, which ends the run sooner; 1 without one)",
+            type=positive_int,
+        ),
     )
     batch_size: int = field(
         default=256, metadata=flag("examples per step", type=positive_int)
@@ -92,10 +117,13 @@ class FitConfig(ModelRunConfig):
         default=1e-3, metadata=flag("learning rate (Adam)", type=positive_float)
     )
     lr_schedule: str = field(
-        default="constant",
+        default="plateau",
         metadata=flag(
-            "cosine: anneal every learning rate to 0 over the run",
-            choices=("constant", "cosine"),
+            "plateau: after an epoch that does not better validation click "
+            "NE, go back to the best epoch's weights and halve every rate "
+            "(constant without a validation period); cosine: anneal every "
+            "rate to 0 over --epochs",
+            choices=LR_SCHEDULES,
         ),
     )
     embedding_lr: float = field(
@@ -134,8 +162,9 @@ class FitConfig(ModelRunConfig):
     patience: int | None = field(
         default=None,
         metadata=flag(
-            "stop once validation click NE has not improved for N epochs "
-            "(needs --validation; the best epoch is still the one evaluated)",
+            "stop once validation click NE has not improved for N epochs in "
+            f"a row (default: {DEFAULT_PATIENCE}; needs a validation period; "
+            "the best epoch is still the one evaluated)",
             type=positive_int,
             metavar="N",
         ),
@@ -148,7 +177,7 @@ class FitConfig(ModelRunConfig):
         default=False,
         metadata=flag(
             "after training, shift each task's output bias so the whole "
-            "validation period is calibrated (needs --validation)"
+            "validation period is calibrated (needs a validation period)"
         ),
     )
     compile: str | None = field(
@@ -161,6 +190,20 @@ class FitConfig(ModelRunConfig):
             metavar="BACKEND",
         ),
     )
+
+    def max_epochs(self, validated: bool) -> int:
+        """``epochs``, or its default for a run with (or without) a
+        validation period."""
+        if self.epochs is not None:
+            return self.epochs
+        return DEFAULT_MAX_EPOCHS if validated else 1
+
+    def stop_after(self, validated: bool) -> int | None:
+        """``patience``, or its default with a validation period (None:
+        the run does not stop early)."""
+        if self.patience is not None:
+            return self.patience
+        return DEFAULT_PATIENCE if validated else None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
