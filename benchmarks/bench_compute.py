@@ -17,7 +17,7 @@ model (the registry's, GEM's ablations, or a
 :class:`~trainer.training.fit_trainer.FitTrainer`, on the epochs' seeded
 random orders of the train period (the same batches for every model), and
 stopped at every ``--budgets`` point (in epochs of the train period) to be
-scored on validation and eval (:func:`trainer.training.fit.evaluate_dataset`).
+scored on validation and eval (:func:`trainer.training.evaluation.evaluate_dataset`).
 The learning rate is constant, so the model at a point is the one a run of
 that length would end with; each model has its own rate (``--model-lrs``,
 defaults: the rates ``bench_quality``'s grid kept).
@@ -70,11 +70,8 @@ from trainer.data.feature_output import ExampleDataset
 from trainer.models.config import ModelConfig
 from trainer.models.registry import MODEL_NAMES
 from trainer.training.device import autocast_for
-from trainer.training.fit import (
-    base_rate_logits,
-    evaluate_dataset,
-    resolved_model_config,
-)
+from trainer.training.evaluation import evaluate_dataset
+from trainer.training.fit import base_rate_logits, resolved_model_config
 from trainer.training.fit_trainer import FitTrainer
 from trainer.training.run_config import FitConfig
 

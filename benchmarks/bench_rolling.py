@@ -4,7 +4,8 @@ Usage::
 
     python -m benchmarks.bench_rolling [--section generated|movielens]
         [--cuts 4] [--users 4000 --ads 400 --days 8] [--fractions 0.8,0.85,0.9,0.95]
-        [--models gem,dlrm,...] [--lrs 1e-3,3e-3] [--epochs 3] [--patience 1]
+        [--models gem,dlrm,...] [--recipe search|default]
+        [--lrs 1e-3,3e-3] [--epochs 3] [--patience 1]
         [--steps N] [--batch-size 256] [--max-seq-len 32] [--bootstrap 200]
         [--work DIR] [--json FILE]
 
@@ -28,13 +29,20 @@ Reported per origin and as the mean over origins: NE, AUC and calibration
 per (domain, objective) for every model; a paired bootstrap over each eval
 period's impressions of every model's overall click NE minus GEM's; on
 generated data the Bayes-optimal metrics of the true probabilities and the
-share of the DLRM -> Bayes click NE gap GEM closes. Every model gets the same
-budget and the same search, so each has its own best recipe from it.
+share of the DLRM -> Bayes click NE gap GEM closes; and every model's click
+NE on slices of the eval impressions of all origins pooled
+(:mod:`benchmarks.slices`: new and seen users and ads, history length,
+domain, hours since the origin). Every model gets the same
+budget and the same search, so each has its own best recipe from it; with
+``--recipe default`` each gets ``trainer.fit``'s defaults instead (up to 8
+epochs, the plateau schedule and patience 2 on the origin's validation
+period), what a user who tunes nothing would run.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import json
 import shutil
@@ -54,11 +62,14 @@ from benchmarks.bench_quality import (
     run_models,
 )
 from benchmarks.generated import generated_features, reference_features, world_config
+from benchmarks.slices import slice_keys, slice_metrics, slice_table
 from features.vocab import DOMAINS, TRAINING_OBJECTIVES
 from trainer.data.feature_output import cut_at_fraction, read_examples, split_periods
 from trainer.models.registry import MODEL_NAMES
+from trainer.training.run_config import FitConfig
 
 TASKS = [f"{d}/{o}" for d in DOMAINS for o in TRAINING_OBJECTIVES]
+FIT_DEFAULTS = {f.name: f.default for f in dataclasses.fields(FitConfig)}
 
 
 def generated_origins(args: argparse.Namespace, work: Path) -> tuple[Path, list[int]]:
@@ -111,6 +122,23 @@ def split_origin(
     return dirs[0], dirs[1], dirs[2], dict(zip(names, counts, strict=True))
 
 
+def recipe_args(args: argparse.Namespace) -> dict[str, Any]:
+    """What each model is given to choose with: the search (``--lrs``,
+    ``--epochs``, ``--patience`` at a constant rate) or, under ``--recipe
+    default``, trainer.fit's defaults alone (rate, epochs, patience and the
+    plateau schedule), the origin's validation period their only input."""
+    if args.recipe == "default":
+        return {"lrs": None, "lr": FIT_DEFAULTS["lr"]}
+    lrs = tuple(float(x) for x in args.lrs.split(","))
+    return {
+        "lrs": lrs,
+        "lr": lrs[0],
+        "epochs": args.epochs,
+        "patience": args.patience,
+        "lr_schedule": "constant",
+    }
+
+
 def task_metrics(report: dict[str, Any]) -> dict[str, dict[str, float | None]]:
     """NE, AUC and calibration per (domain, objective), and over all domains."""
     out = {
@@ -123,10 +151,45 @@ def task_metrics(report: dict[str, Any]) -> dict[str, dict[str, float | None]]:
     return out
 
 
+@dataclasses.dataclass
+class PooledEval:
+    """Every origin's eval impressions, for the slices: each slice's value,
+    the click label and each model's click probability, row by row."""
+
+    keys: list[dict[str, np.ndarray]] = dataclasses.field(default_factory=list)
+    clicks: list[np.ndarray] = dataclasses.field(default_factory=list)
+    probs: list[dict[str, np.ndarray]] = dataclasses.field(default_factory=list)
+
+    def add(
+        self, train: Path, evals: Path, origin_ms: int, predictions: dict[str, Any]
+    ) -> None:
+        self.keys.append(
+            slice_keys(read_examples(evals), read_examples(train), origin_ms)
+        )
+        click = TRAINING_OBJECTIVES.index("click")
+        first = next(iter(predictions.values()))
+        self.clicks.append(first["labels"][:, click])
+        self.probs.append({m: p["probs"][:, click] for m, p in predictions.items()})
+
+    def sliced(self) -> dict[str, dict[str, Any]]:
+        """:func:`benchmarks.slices.slice_metrics` over all origins."""
+        keys = {
+            name: np.concatenate([k[name] for k in self.keys]) for name in self.keys[0]
+        }
+        probs = {m: np.concatenate([p[m] for p in self.probs]) for m in self.probs[0]}
+        return slice_metrics(keys, np.concatenate(self.clicks), probs)
+
+
 def run_origin(
-    args: argparse.Namespace, features: Path, bounds: list[int], k: int, work: Path
+    args: argparse.Namespace,
+    features: Path,
+    bounds: list[int],
+    k: int,
+    work: Path,
+    pooled: PooledEval,
 ) -> dict[str, Any]:
-    """Every model at origin ``k``: its chosen recipe and its eval metrics."""
+    """Every model at origin ``k``: its chosen recipe and its eval metrics
+    (its eval predictions go to ``pooled``)."""
     train, validation, evals, counts = split_origin(features, bounds, k, work)
     print(f"origin {k}: examples {counts}", flush=True)
     predictions: dict[str, dict[str, np.ndarray]] = {}
@@ -137,10 +200,7 @@ def run_origin(
         bench_config(args.max_seq_len),
         predictions,
         models=args.models.split(",") if args.models else None,
-        lrs=tuple(float(x) for x in args.lrs.split(",")),
-        lr=float(args.lrs.split(",")[0]),
-        epochs=args.epochs,
-        patience=args.patience,
+        **recipe_args(args),
         batch_size=args.batch_size,
         max_steps_per_epoch=args.steps,
         validation_sample=args.validation_sample,
@@ -154,6 +214,7 @@ def run_origin(
             name: {
                 "metrics": task_metrics(r),
                 "lr": r["selected_lr"],
+                "recipe": r["recipe"],
                 "epoch": r["train"]["selected_epoch"],
                 "epochs_run": r["train"]["epochs_run"],
                 "train_seconds": r["train"]["seconds"],
@@ -172,6 +233,7 @@ def run_origin(
     result["bootstrap_vs_gem"] = bootstrap_vs_gem(
         predictions, bayes_probs, args.bootstrap
     )
+    pooled.add(train, evals, bounds[k + 1], predictions)
     if not args.keep_splits:
         shutil.rmtree(work / f"origin{k}")
     return result
@@ -247,9 +309,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--movielens", type=Path, default=SHARED / "movielens-1m-dev")
     p.add_argument("--fractions", default="0.8,0.85,0.9,0.95")
     p.add_argument("--models", default=",".join(MODEL_NAMES))
+    p.add_argument(
+        "--recipe",
+        choices=("search", "default"),
+        default="search",
+        help="search: --lrs x --epochs with --patience at a constant rate; "
+        "default: trainer.fit's own recipe, no flag tuned",
+    )
     p.add_argument("--lrs", default="1e-3,3e-3", help="the search: rates per model")
-    p.add_argument("--epochs", type=int, default=3, help="at most, per rate")
-    p.add_argument("--patience", type=int, default=1)
+    p.add_argument("--epochs", type=int, default=3, help="the search: most per rate")
+    p.add_argument("--patience", type=int, default=1, help="the search's patience")
     p.add_argument("--steps", type=int, default=None, help="batches per epoch, at most")
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--max-seq-len", type=int, default=32)
@@ -277,13 +346,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise SystemExit(f"--movielens {args.movielens}: no ratings.dat there")
         features, bounds = movielens_origins(args, work)
     print(f"{read_examples(features).num_rows} examples; bounds {bounds}", flush=True)
-    origins = [run_origin(args, features, bounds, k, work) for k in range(args.cuts)]
+    pooled = PooledEval()
+    origins = [
+        run_origin(args, features, bounds, k, work, pooled) for k in range(args.cuts)
+    ]
     report = {
         "args": {k: str(v) for k, v in vars(args).items()},
         "origins": origins,
         "summary": summarize(origins),
+        "slices": pooled.sliced(),
     }
     print(format_report(report))
+    for name in origins[0]["models"]:
+        if name != "gem" and "gem" in origins[0]["models"]:
+            print(f"\n## eval click NE by slice, all origins: gem against {name}\n")
+            print(slice_table(report["slices"], name))
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=2))

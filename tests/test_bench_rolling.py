@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from benchmarks.bench_rolling import generated_origins, split_origin, summarize
+from benchmarks.bench_rolling import (
+    generated_origins,
+    main,
+    split_origin,
+    summarize,
+)
 from trainer.data.feature_output import event_time_ms, read_examples
 
 DAY_MS = 86_400_000
@@ -65,3 +71,32 @@ def test_the_summary_averages_origins_and_counts_where_gem_leads(
     assert summary["mean"]["dlrm"]["all/click"]["ne"] == pytest.approx(0.83)
     assert summary["gem_ahead_on_cuts"] == {"dlrm": 2}
     assert summary["gem_lead_click_ne"]["dlrm"] == pytest.approx(0.01)
+
+
+@pytest.mark.parametrize(
+    ("recipe", "expected"),
+    [
+        ("default", {"epochs": 8, "patience": 2, "lr_schedule": "plateau"}),
+        ("search", {"epochs": 2, "patience": 1, "lr_schedule": "constant"}),
+    ],
+)
+def test_each_recipe_reaches_the_fit_of_every_origin(
+    recipe: str, expected: dict, tmp_path: Path
+) -> None:
+    """--recipe default leaves every choice to trainer.fit's defaults, on the
+    origin's validation period; the search fixes its grid and a constant rate."""
+    out = tmp_path / "rolling.json"
+    argv = ["--users", "150", "--ads", "30", "--days", "3", "--cuts", "1"]
+    argv += ["--models", "dlrm", "--steps", "2", "--max-seq-len", "8"]
+    argv += ["--recipe", recipe, "--lrs", "2e-3", "--epochs", "2"]
+    argv += ["--bootstrap", "10", "--work", str(tmp_path / "w"), "--json", str(out)]
+    assert main(argv) == 0
+    (origin,) = json.loads(out.read_text())["origins"]
+    dlrm = origin["models"]["dlrm"]
+    assert {k: dlrm["recipe"][k] for k in expected} == expected
+    assert dlrm["lr"] == (1e-3 if recipe == "default" else 2e-3)
+    assert dlrm["recipe"]["validation"] == "given"
+    assert 1 <= dlrm["epochs_run"] <= expected["epochs"]
+    # Every eval impression is in one value of each slice.
+    for values in json.loads(out.read_text())["slices"].values():
+        assert sum(v["examples"] for v in values.values()) == origin["examples"]["eval"]
