@@ -9,11 +9,10 @@ beside them are :func:`features.kafka.add_kafka_arguments`'.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import field
 from pathlib import Path
 from typing import Final
 
-from features.config_flags import flag
+from features.config_flags import flag_field
 
 # The trainer's presets (trainer.training.run_config.PRESET_NAMES): the demo
 # passes its choice on to the daemon's --preset.
@@ -27,51 +26,41 @@ class DemoConfig:
     # Sized to run in minutes on a 2-core CPU. Six days of fewer users rather
     # than three of more: a longer history per user is what the click model
     # learns from.
-    users: int = field(default=4500, metadata=flag("users"))
-    ads: int = field(default=400, metadata=flag("ads"))
-    days: int = field(default=6, metadata=flag("days of events"))
-    seed: int = field(default=7, metadata=flag("the generator's seed"))
-    output: Path = field(
-        default=Path("demo-output"),
-        metadata=flag("folder for everything the demo writes (made anew each run)"),
+    users: int = flag_field(4500, "users")
+    ads: int = flag_field(400, "ads")
+    days: int = flag_field(6, "days of events")
+    seed: int = flag_field(7, "the generator's seed")
+    output: Path = flag_field(
+        Path("demo-output"),
+        "folder for everything the demo writes (made anew each run)",
     )
-    partitions: int = field(
-        default=6, metadata=flag("partitions of the raw-event topic")
-    )
-    rate: float | None = field(
-        default=None,
-        metadata=flag("events/s to publish at (default: as fast as possible)"),
+    partitions: int = flag_field(6, "partitions of the raw-event topic")
+    rate: float | None = flag_field(
+        None, "events/s to publish at (default: as fast as possible)"
     )
     # In one pass over this many examples the tiny preset's small hashed tables
     # learn more than the default preset's larger ones, in less time.
-    preset: str = field(
-        default="tiny",
-        metadata=flag("the trainer daemon's model preset", choices=PRESET_NAMES),
+    preset: str = flag_field(
+        "tiny", "the trainer daemon's model preset", choices=PRESET_NAMES
     )
-    lr: float = field(default=3e-3, metadata=flag("the daemon's Adam learning rate"))
-    batch_size: int = field(
-        default=256, metadata=flag("examples per Kafka message, so per training step")
+    lr: float = flag_field(3e-3, "the daemon's Adam learning rate")
+    batch_size: int = flag_field(
+        256, "examples per Kafka message, so per training step"
     )
-    max_seq_len: int = field(
-        default=32,
-        metadata=flag("most recent history events published with each example"),
+    max_seq_len: int = flag_field(
+        32, "most recent history events published with each example"
     )
-    window_examples: int = field(
-        default=2000,
-        metadata=flag("examples per domain in a progressive-validation window"),
+    window_examples: int = flag_field(
+        2000, "examples per domain in a progressive-validation window"
     )
-    max_click_ne: float = field(
-        default=0.95,
-        metadata=flag("the model learnt: last-window click NE at most this"),
+    max_click_ne: float = flag_field(
+        0.95, "the model learnt: last-window click NE at most this"
     )
-    min_click_auc: float = field(
-        default=0.65,
-        metadata=flag("the model learnt: whole-run click AUC at least this"),
+    min_click_auc: float = flag_field(
+        0.65, "the model learnt: whole-run click AUC at least this"
     )
-    require_learning: bool = field(
-        default=False,
-        metadata=flag(
-            "count the learning verdict among the checks: exit 1 when the "
-            "model missed either threshold above"
-        ),
+    require_learning: bool = flag_field(
+        False,
+        "count the learning verdict among the checks: exit 1 when the "
+        "model missed either threshold above",
     )

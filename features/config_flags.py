@@ -1,7 +1,8 @@
 """Command-line flags generated from a command's frozen config dataclass.
 
-A dataclass field whose metadata is :func:`flag`'s is also a command-line
-flag: its default and its help are written once, on the field, and
+A dataclass field whose metadata is :func:`flag`'s (:func:`flag_field` for
+one with a default) is also a command-line flag: its default and its help
+are written once, on the field, and
 :func:`add_config_flags` adds one flag per such field; the command then
 builds its config with ``Config(**config_fields(args, Config))``. Every
 ``python -m`` command of both wings declares its flags this way.
@@ -16,13 +17,15 @@ import types
 import typing
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 # Field metadata: the flag's help, its name when not ``--field-name``, and
 # further ``add_argument`` keywords (``type``, ``choices``, ``metavar``...).
 HELP: Final = "help"
 FLAG: Final = "flag"
 ARGPARSE: Final = "argparse"
+
+T = TypeVar("T")
 
 
 def iso_date(text: str) -> dt.date:
@@ -115,6 +118,21 @@ def flag(
     if written_default is not None:
         argparse_options["default"] = written_default
     return {HELP: help, FLAG: name, ARGPARSE: argparse_options}
+
+
+def flag_field(default: T, help: str, **flag_options: Any) -> T:
+    """A dataclass field with this default that is also a command-line flag:
+    ``field(default=default, metadata=flag(help, **flag_options))`` in one
+    call, typed as its value so the class body reads as the settings.
+
+    Example:
+        >>> @dataclasses.dataclass(frozen=True, kw_only=True)
+        ... class Run:
+        ...     steps: int = flag_field(10, "steps")
+        >>> Run()
+        Run(steps=10)
+    """
+    return dataclasses.field(default=default, metadata=flag(help, **flag_options))
 
 
 def add_config_flags(

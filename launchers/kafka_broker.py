@@ -56,7 +56,7 @@ from types import TracebackType
 from typing import Final, TextIO
 
 from features.cli import CommandError, CommandParser, run_command
-from features.config_flags import add_config_flags, config_fields, flag
+from features.config_flags import add_config_flags, config_fields, flag, flag_field
 from features.kafka.settings import KafkaSettings
 from features.kafka.topics import ensure_topics
 from launchers.kafka_config import (
@@ -423,15 +423,11 @@ def _parse_sasl_user(spec: str) -> tuple[str, str]:
 class BrokerCommandConfig:
     """What ``python -m launchers.kafka_broker`` is told (its flags)."""
 
-    port: int | None = field(
-        default=None,
-        metadata=flag("client port (default: a free one on loopback)", metavar="PORT"),
+    port: int | None = flag_field(
+        None, "client port (default: a free one on loopback)", metavar="PORT"
     )
-    home: Path | None = field(
-        default=None,
-        metadata=flag(
-            "the broker's folder, kept with its data (default: a temporary one)"
-        ),
+    home: Path | None = flag_field(
+        None, "the broker's folder, kept with its data (default: a temporary one)"
     )
     topics: list[tuple[str, int]] = field(
         default_factory=list,
@@ -455,13 +451,11 @@ class BrokerCommandConfig:
             metavar="NAME:PASSWORD",
         ),
     )
-    log_path: Path | None = field(
-        default=None,
-        metadata=flag(
-            "broker log file (default: broker.log in its home)",
-            name="--log",
-            metavar="FILE",
-        ),
+    log_path: Path | None = flag_field(
+        None,
+        "broker log file (default: broker.log in its home)",
+        name="--log",
+        metavar="FILE",
     )
 
 

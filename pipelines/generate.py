@@ -22,11 +22,15 @@ import sys
 import time
 import typing
 from collections.abc import Sequence
-from dataclasses import field
 from typing import TYPE_CHECKING, Any, Final, Literal
 
 from features.cli import CommandError, CommandParser, run_command
-from features.config_flags import add_config_flags, config_fields, flag, positive_int
+from features.config_flags import (
+    add_config_flags,
+    config_fields,
+    flag_field,
+    positive_int,
+)
 from features.kafka.settings import add_kafka_arguments
 from pipelines.sources.generator_arguments import GeneratorArguments
 
@@ -44,23 +48,17 @@ class GenerateConfig:
     """What the command adds to the generator's arguments: where the data set
     goes, and the drift of the freshness scenario."""
 
-    output: str | None = field(
-        default=None, metadata=flag("output directory (events, tables, truth)")
-    )
-    format: EventFormat = field(
-        default="parquet",
-        metadata=flag(
-            "event files: Parquet or JSON lines, one folder per day",
-            choices=EVENT_FORMATS,
-        ),
+    output: str | None = flag_field(None, "output directory (events, tables, truth)")
+    format: EventFormat = flag_field(
+        "parquet",
+        "event files: Parquet or JSON lines, one folder per day",
+        choices=EVENT_FORMATS,
     )
     # One rate for every domain: ModelParams.base_logit_drift_per_day.
-    drift_per_day: float = field(
-        default=0.0,
-        metadata=flag(
-            "base-rate drift: logit units added to every domain's click and "
-            "conversion intercepts per day (the freshness scenario; default 0, off)"
-        ),
+    drift_per_day: float = flag_field(
+        0.0,
+        "base-rate drift: logit units added to every domain's click and "
+        "conversion intercepts per day (the freshness scenario; default 0, off)",
     )
 
 
@@ -68,15 +66,10 @@ class GenerateConfig:
 class PublishConfig:
     """With ``--topic``, the events also go to Kafka."""
 
-    topic: str | None = field(
-        default=None, metadata=flag("publish the events to this topic")
-    )
-    partitions: int = field(
-        default=8, metadata=flag("if the topic is created", type=positive_int)
-    )
-    rate: float | None = field(
-        default=None,
-        metadata=flag("events per second (default: as fast as possible)"),
+    topic: str | None = flag_field(None, "publish the events to this topic")
+    partitions: int = flag_field(8, "if the topic is created", type=positive_int)
+    rate: float | None = flag_field(
+        None, "events per second (default: as fast as possible)"
     )
 
 

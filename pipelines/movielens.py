@@ -12,7 +12,7 @@ from dataclasses import field
 from pathlib import Path
 
 from features.cli import CommandError, CommandParser, run_command
-from features.config_flags import add_config_flags, config_fields, flag
+from features.config_flags import add_config_flags, config_fields, flag, flag_field
 
 DESCRIPTION = """\
 Convert MovieLens (ml-100k or ml-1m, detected from its files) into the
@@ -31,8 +31,8 @@ class MovieLensConfig:
         )
     )
     output: Path = field(metadata=flag("output folder"))
-    overwrite: bool = field(
-        default=False, metadata=flag("replace an existing events/ folder in --output")
+    overwrite: bool = flag_field(
+        False, "replace an existing events/ folder in --output"
     )
 
 

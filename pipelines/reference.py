@@ -14,7 +14,7 @@ from dataclasses import field
 from pathlib import Path
 
 from features.cli import CommandError, CommandParser, run_command
-from features.config_flags import add_config_flags, config_fields, flag
+from features.config_flags import add_config_flags, config_fields, flag, flag_field
 
 DESCRIPTION = """\
 The feature job in one process: the oracle the Beam job (python -m
@@ -33,14 +33,12 @@ class ReferenceConfig:
         )
     )
     output: Path = field(metadata=flag("output folder"))
-    now_ms: int | None = field(
-        default=None,
-        metadata=flag(
-            "validation clock in epoch ms (default: the input manifest's "
-            "validation_now_ms, else the wall clock)"
-        ),
+    now_ms: int | None = flag_field(
+        None,
+        "validation clock in epoch ms (default: the input manifest's "
+        "validation_now_ms, else the wall clock)",
     )
-    overwrite: bool = field(default=False, metadata=flag("replace an earlier output"))
+    overwrite: bool = flag_field(False, "replace an earlier output")
 
 
 def build_parser() -> CommandParser:

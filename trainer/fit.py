@@ -10,7 +10,7 @@ from dataclasses import field
 from pathlib import Path
 
 from features.cli import CommandError, CommandParser, run_command
-from features.config_flags import add_config_flags, config_fields, flag
+from features.config_flags import add_config_flags, config_fields, flag, flag_field
 from trainer.cli import REPORT_HELP, feature_dir, start_torch
 from trainer.training.run_config import DEFAULT_MAX_EPOCHS, DEFAULT_PATIENCE, FitConfig
 
@@ -34,12 +34,10 @@ class FitOutputs:
     """Where ``python -m trainer.fit`` writes what it made."""
 
     metrics_out: Path = field(metadata=flag(REPORT_HELP, metavar="FILE"))
-    save: Path | None = field(
-        default=None,
-        metadata=flag(
-            "write the evaluated model there as a checkpoint that carries its "
-            "configuration (a folder of its own: a checkpoint there is replaced)"
-        ),
+    save: Path | None = flag_field(
+        None,
+        "write the evaluated model there as a checkpoint that carries its "
+        "configuration (a folder of its own: a checkpoint there is replaced)",
     )
 
 

@@ -4,11 +4,10 @@ and the flags that set them."""
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import field
 from pathlib import Path
 from typing import Final
 
-from features.config_flags import flag
+from features.config_flags import flag_field
 
 ROOT = Path(__file__).resolve().parents[2]
 EVENTS_TOPIC: Final = "gem.events"
@@ -32,32 +31,26 @@ class StreamDemoConfig:
     :data:`RUN_FLAGS` of them.
     """
 
-    users: int = field(default=300, metadata=flag("users"))
+    users: int = flag_field(300, "users")
     ads: int = 60
-    days: int = field(default=3, metadata=flag("days of events"))
+    days: int = flag_field(3, "days of events")
     seed: int = 1
-    rate: float = field(
-        default=2000.0, metadata=flag("events/s the generator publishes at")
-    )
+    rate: float = flag_field(2000.0, "events/s the generator publishes at")
     shards: int = 4
     entity_shards: int = 2
     granularity_ms: int = 3_600_000
     allowed_lateness_ms: int = 60_000
     idle_seconds: float = 3.0
-    broker_down_seconds: float = field(
-        default=3.0,
-        metadata=flag(
-            "SIGKILL the broker half-way through the publishing and start it "
-            "again this long after (0: no outage)"
-        ),
+    broker_down_seconds: float = flag_field(
+        3.0,
+        "SIGKILL the broker half-way through the publishing and start it "
+        "again this long after (0: no outage)",
     )
-    trainer: bool = field(
-        default=True,
-        metadata=flag("leave the trainer daemon out: the streaming job alone"),
+    trainer: bool = flag_field(
+        True, "leave the trainer daemon out: the streaming job alone"
     )
-    output: Path = field(
-        default=ROOT / "demo-output" / "stream",
-        metadata=flag("folder for everything the run writes"),
+    output: Path = flag_field(
+        ROOT / "demo-output" / "stream", "folder for everything the run writes"
     )
 
 

@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from dataclasses import field
 from typing import Final
 
-from features.config_flags import add_config_flags, flag
+from features.config_flags import add_config_flags, flag_field
 from features.kafka.settings import add_kafka_arguments
 
 AUTO: Final = "auto"
@@ -44,71 +43,52 @@ class BuildConfig:
     to give (the streaming job needs no ``--output``).
     """
 
-    input: str | None = field(
-        default=None,
-        metadata=flag(
-            "data set folder or URL (any scheme Beam's filesystems know: "
-            "gs://, s3://...): events/**/*.parquet|jsonl and the users / ads / "
-            "contents tables"
-        ),
+    input: str | None = flag_field(
+        None,
+        "data set folder or URL (any scheme Beam's filesystems know: "
+        "gs://, s3://...): events/**/*.parquet|jsonl and the users / ads / "
+        "contents tables",
     )
-    output: str | None = field(
-        default=None,
-        metadata=flag(
-            "output folder or URL (layout: features.feature_tables.OUTPUT_LAYOUT)"
-        ),
+    output: str | None = flag_field(
+        None, "output folder or URL (layout: features.feature_tables.OUTPUT_LAYOUT)"
     )
-    max_seq_len: int = field(
-        default=256,
-        metadata=flag("longest history window the Kafka messages' segments must serve"),
+    max_seq_len: int = flag_field(
+        256, "longest history window the Kafka messages' segments must serve"
     )
-    shards: int = field(
-        default=16,
-        metadata=flag("user (and ad / advertiser) shards: the unit of batched work"),
+    shards: int = flag_field(
+        16, "user (and ad / advertiser) shards: the unit of batched work"
     )
-    now_ms: int | None = field(
-        default=None,
-        metadata=flag(
-            "validation clock in epoch ms (default: the manifest's "
-            "validation_now_ms, else the wall clock)"
-        ),
+    now_ms: int | None = flag_field(
+        None,
+        "validation clock in epoch ms (default: the manifest's "
+        "validation_now_ms, else the wall clock)",
     )
-    events_topic: str | None = field(
-        default=None,
-        metadata=flag(
-            "also read raw events from this Kafka topic (from the group's "
-            "committed offsets, else the start, up to the end seen at start)"
-        ),
+    events_topic: str | None = flag_field(
+        None,
+        "also read raw events from this Kafka topic (from the group's "
+        "committed offsets, else the start, up to the end seen at start)",
     )
-    kafka_group_id: str = field(
-        default="gem-build",
-        metadata=flag("consumer group whose offsets the events-topic read commits"),
+    kafka_group_id: str = flag_field(
+        "gem-build", "consumer group whose offsets the events-topic read commits"
     )
-    examples_topic: str | None = field(
-        default=None,
-        metadata=flag("publish example batches (Arrow IPC) to this Kafka topic"),
+    examples_topic: str | None = flag_field(
+        None, "publish example batches (Arrow IPC) to this Kafka topic"
     )
-    examples_per_message: int = field(
-        default=2048, metadata=flag("examples per Kafka message (at most)")
+    examples_per_message: int = flag_field(2048, "examples per Kafka message (at most)")
+    worker_threads: int | str = flag_field(
+        AUTO,
+        "threads per heavy DoFn computing shards beside the bundle's own "
+        "thread (0: none); auto: 1 where the job runs in one local process "
+        "(FnApiRunner in memory, Prism with one loopback worker), 0 on "
+        "runners that run several SDK workers per machine",
+        type=worker_threads,
     )
-    worker_threads: int | str = field(
-        default=AUTO,
-        metadata=flag(
-            "threads per heavy DoFn computing shards beside the bundle's own "
-            "thread (0: none); auto: 1 where the job runs in one local process "
-            "(FnApiRunner in memory, Prism with one loopback worker), 0 on "
-            "runners that run several SDK workers per machine",
-            type=worker_threads,
-        ),
-    )
-    tune_allocator: bool | None = field(
-        default=None,
-        metadata=flag(
-            "keep freed memory in each worker for reuse (glibc mallopt, Arrow "
-            "on malloc: features.memory); default: on where the job runs in "
-            "one local process, off elsewhere",
-            action=argparse.BooleanOptionalAction,
-        ),
+    tune_allocator: bool | None = flag_field(
+        None,
+        "keep freed memory in each worker for reuse (glibc mallopt, Arrow "
+        "on malloc: features.memory); default: on where the job runs in "
+        "one local process, off elsewhere",
+        action=argparse.BooleanOptionalAction,
     )
 
 

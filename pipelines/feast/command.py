@@ -17,13 +17,12 @@ import dataclasses
 import os
 import time
 from collections.abc import Sequence
-from dataclasses import field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final
 
 from features.cli import CommandError, CommandParser, HelpFormatter, run_command
-from features.config_flags import add_config_flags, config_fields, flag
+from features.config_flags import add_config_flags, config_fields, flag_field
 from pipelines.feast.ops import (
     CONFIG_FILES,
     ENDPOINT_DEFAULTS,
@@ -66,34 +65,26 @@ def parse_time(text: str) -> datetime:
 class StoreConfig:
     """Which feature store every subcommand works on."""
 
-    env: str | None = field(
-        default=None,
-        metadata=flag(
-            f"the configuration (default: ${ENV_VAR}, else local)",
-            choices=sorted(CONFIG_FILES),
-        ),
+    env: str | None = flag_field(
+        None,
+        f"the configuration (default: ${ENV_VAR}, else local)",
+        choices=sorted(CONFIG_FILES),
     )
-    features_dir: Path | None = field(
-        default=None,
-        metadata=flag(
-            "the feature job's output, with feature_tables/ inside (default: "
-            "$GEM_FEATURES_DIR, else demo-output/features once written, else "
-            "empty tables: see feature_repo/README.md)"
-        ),
+    features_dir: Path | None = flag_field(
+        None,
+        "the feature job's output, with feature_tables/ inside (default: "
+        "$GEM_FEATURES_DIR, else demo-output/features once written, else "
+        "empty tables: see feature_repo/README.md)",
     )
-    state_dir: Path | None = field(
-        default=None,
-        metadata=flag(
-            "local only: the file registry and SQLite online store (default: "
-            "the yaml's, feature_repo/data/)"
-        ),
+    state_dir: Path | None = flag_field(
+        None,
+        "local only: the file registry and SQLite online store (default: "
+        "the yaml's, feature_repo/data/)",
     )
-    project: str | None = field(
-        default=None,
-        metadata=flag(
-            "Feast project, which namespaces every table and key (default: the "
-            "yaml's, gem_ads)"
-        ),
+    project: str | None = flag_field(
+        None,
+        "Feast project, which namespaces every table and key (default: the "
+        "yaml's, gem_ads)",
     )
 
 
@@ -101,38 +92,28 @@ class StoreConfig:
 class MaterializeConfig:
     """The window and views of ``materialize``."""
 
-    start: datetime | None = field(
-        default=None,
-        metadata=flag(
-            "window start, ISO-8601 (UTC if naive); without it: incremental, "
-            "from each view's last materialization",
-            type=parse_time,
-        ),
+    start: datetime | None = flag_field(
+        None,
+        "window start, ISO-8601 (UTC if naive); without it: incremental, "
+        "from each view's last materialization",
+        type=parse_time,
     )
     # None: now (pipelines.feast.ops.materialize); the flag reads the clock
     # once, so every view gets the same end.
-    end: datetime | None = field(
-        default=None,
-        metadata=flag(
-            "window end, ISO-8601 (UTC if naive) or now",
-            written_default="now",
-            type=parse_time,
-        ),
+    end: datetime | None = flag_field(
+        None,
+        "window end, ISO-8601 (UTC if naive) or now",
+        written_default="now",
+        type=parse_time,
     )
-    views: list[str] | None = field(
-        default=None,
-        metadata=flag(
-            "the feature views to materialize (default: every online view)",
-            nargs="+",
-        ),
+    views: list[str] | None = flag_field(
+        None, "the feature views to materialize (default: every online view)", nargs="+"
     )
-    engine: Engine | None = field(
-        default=None,
-        metadata=flag(
-            "batch engine: arrow (pipelines.feast.engine) or feast (Feast's "
-            "stock local engine) (default: the yaml's, arrow)",
-            choices=sorted(ENGINES),
-        ),
+    engine: Engine | None = flag_field(
+        None,
+        "batch engine: arrow (pipelines.feast.engine) or feast (Feast's "
+        "stock local engine) (default: the yaml's, arrow)",
+        choices=sorted(ENGINES),
     )
 
 

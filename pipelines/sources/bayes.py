@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from features import vocab
 from features.cli import CommandError, CommandParser, run_command
-from features.config_flags import add_config_flags, config_fields, flag
+from features.config_flags import add_config_flags, config_fields, flag, flag_field
 from features.json_report import json_safe
 
 if TYPE_CHECKING:
@@ -186,9 +186,8 @@ class BayesConfig:
     input: str = field(
         metadata=flag("generator output directory (truth.parquet)", metavar="DIR")
     )
-    as_json: bool = field(
-        default=False,
-        metadata=flag("print the report as JSON, not a table", name="--json"),
+    as_json: bool = flag_field(
+        False, "print the report as JSON, not a table", name="--json"
     )
 
 

@@ -14,7 +14,7 @@ import dataclasses
 import datetime as dt
 from dataclasses import field
 
-from features.config_flags import flag, iso_date, positive_int
+from features.config_flags import flag, flag_field, iso_date, positive_int
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -37,21 +37,14 @@ class GeneratorArguments:
     users: int = field(metadata=flag("users in the world", type=positive_int))
     ads: int = field(metadata=flag("ads in the world", type=positive_int))
     days: int = field(metadata=flag("days of events", type=positive_int))
-    seed: int = field(default=0, metadata=flag("random seed: same seed, same data set"))
-    start: dt.date = field(
-        default=dt.date(2026, 10, 1),
-        metadata=flag("first day (UTC)", type=iso_date),
+    seed: int = flag_field(0, "random seed: same seed, same data set")
+    start: dt.date = flag_field(dt.date(2026, 10, 1), "first day (UTC)", type=iso_date)
+    events_per_user_day: float = flag_field(10.0, "mean events per user and day")
+    contents: int | None = flag_field(
+        None, "organic content items (default 5 x ads)", type=positive_int
     )
-    events_per_user_day: float = field(
-        default=10.0, metadata=flag("mean events per user and day")
-    )
-    contents: int | None = field(
-        default=None,
-        metadata=flag("organic content items (default 5 x ads)", type=positive_int),
-    )
-    duplicate_rate: float = field(
-        default=0.002,
-        metadata=flag("probability that an event is logged twice (same event_id)"),
+    duplicate_rate: float = flag_field(
+        0.002, "probability that an event is logged twice (same event_id)"
     )
 
     def __post_init__(self) -> None:

@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from dataclasses import field
 
-from features.config_flags import add_config_flags, flag
+from features.config_flags import add_config_flags, flag_field
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -20,58 +19,45 @@ class StreamingJobConfig:
     """What the streaming mode is told beside the batch job's flags (whose
     ``--shards``, ``--max-seq-len`` and Kafka flags it shares)."""
 
-    allowed_lateness_ms: int = field(
-        default=60_000,
-        metadata=flag(
-            "events this far behind the watermark are still incorporated; "
-            "later ones are dead-lettered"
-        ),
+    allowed_lateness_ms: int = flag_field(
+        60_000,
+        "events this far behind the watermark are still incorporated; "
+        "later ones are dead-lettered",
     )
-    out_of_orderness_ms: int = field(
-        default=5_000,
-        metadata=flag("how far the watermark trails the newest event time"),
+    out_of_orderness_ms: int = flag_field(
+        5_000, "how far the watermark trails the newest event time"
     )
-    release_granularity_ms: int = field(
-        default=60_000,
-        metadata=flag("examples are released at multiples of this event time"),
+    release_granularity_ms: int = flag_field(
+        60_000, "examples are released at multiples of this event time"
     )
-    entity_shards: int = field(
-        default=4, metadata=flag("ad (and advertiser) shards of the counter state")
+    entity_shards: int = flag_field(
+        4, "ad (and advertiser) shards of the counter state"
     )
-    stream_idle_seconds: float | None = field(
-        default=None,
-        metadata=flag(
-            "bounded run: stop when every partition has been idle this "
-            "long (default: run until cancelled)"
-        ),
+    stream_idle_seconds: float | None = flag_field(
+        None,
+        "bounded run: stop when every partition has been idle this "
+        "long (default: run until cancelled)",
     )
-    stream_start: str = field(
-        default="earliest",
-        metadata=flag(
-            "earliest: replay the topic and rebuild the state (Prism "
-            "keeps none across restarts; the example-id ledger drops what was "
-            "already published); committed: resume at the group's committed "
-            "offsets (runners that restore checkpointed state)",
-            choices=("earliest", "committed"),
-        ),
+    stream_start: str = flag_field(
+        "earliest",
+        "earliest: replay the topic and rebuild the state (Prism "
+        "keeps none across restarts; the example-id ledger drops what was "
+        "already published); committed: resume at the group's committed "
+        "offsets (runners that restore checkpointed state)",
+        choices=("earliest", "committed"),
     )
-    dead_letter_topic: str | None = field(
-        default=None,
-        metadata=flag("dead letters' topic (default: <events topic>.dead-letter)"),
+    dead_letter_topic: str | None = flag_field(
+        None, "dead letters' topic (default: <events topic>.dead-letter)"
     )
-    feast_env: str | None = field(
-        default=None, metadata=flag("push to Feast: local or prod")
+    feast_env: str | None = flag_field(None, "push to Feast: local or prod")
+    feast_state_dir: str | None = flag_field(
+        None, "local Feast: registry + SQLite dir (enables the push)"
     )
-    feast_state_dir: str | None = field(
-        default=None,
-        metadata=flag("local Feast: registry + SQLite dir (enables the push)"),
+    feast_project: str | None = flag_field(
+        None, "Feast project to push to (default: the repository's)"
     )
-    feast_project: str | None = field(
-        default=None,
-        metadata=flag("Feast project to push to (default: the repository's)"),
-    )
-    freshness_jsonl: str | None = field(
-        default=None, metadata=flag("append event-to-online freshness samples here")
+    freshness_jsonl: str | None = flag_field(
+        None, "append event-to-online freshness samples here"
     )
 
 

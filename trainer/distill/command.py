@@ -14,7 +14,13 @@ from pathlib import Path
 from typing import Any
 
 from features.cli import CommandError, CommandParser, run_command
-from features.config_flags import add_config_flags, config_fields, flag, positive_int
+from features.config_flags import (
+    add_config_flags,
+    config_fields,
+    flag,
+    flag_field,
+    positive_int,
+)
 from features.vocab import DOMAINS
 from trainer.cli import (
     CHECKPOINT_HELP,
@@ -45,43 +51,30 @@ class DistillJob:
     teacher, the domains, where the report goes."""
 
     examples: Path = field(metadata=flag("feature-job output the students train on"))
-    eval: Path | None = field(
-        default=None,
-        metadata=flag(
-            "feature-job output to evaluate on, sharing --examples' timelines "
-            "(python -m trainer.data.split writes such folders; default: the "
-            "last day of --examples)"
-        ),
+    eval: Path | None = flag_field(
+        None,
+        "feature-job output to evaluate on, sharing --examples' timelines "
+        "(python -m trainer.data.split writes such folders; default: the "
+        "last day of --examples)",
     )
     teacher: Path = field(metadata=flag(CHECKPOINT_HELP, metavar="PATH"))
-    teacher_outputs: Path | None = field(
-        default=None,
-        metadata=flag(
-            "teacher outputs of --examples (default: EXAMPLES/teacher_outputs)"
-        ),
+    teacher_outputs: Path | None = flag_field(
+        None, "teacher outputs of --examples (default: EXAMPLES/teacher_outputs)"
     )
-    eval_teacher_outputs: Path | None = field(
-        default=None,
-        metadata=flag("teacher outputs of --eval (default: EVAL/teacher_outputs)"),
+    eval_teacher_outputs: Path | None = flag_field(
+        None, "teacher outputs of --eval (default: EVAL/teacher_outputs)"
     )
-    teacher_max_seq_len: int | None = field(
-        default=None,
-        metadata=flag(
-            "most recent history events the teacher sees per example: the "
-            "length it was trained on (default: its configuration's max_seq_len)",
-            type=positive_int,
-        ),
+    teacher_max_seq_len: int | None = flag_field(
+        None,
+        "most recent history events the teacher sees per example: the "
+        "length it was trained on (default: its configuration's max_seq_len)",
+        type=positive_int,
     )
-    domains: str = field(
-        default=",".join(DOMAINS),
-        metadata=flag("comma list of the domains to train a student for"),
+    domains: str = flag_field(
+        ",".join(DOMAINS), "comma list of the domains to train a student for"
     )
-    threads: int = field(
-        default=1,
-        metadata=flag(
-            f"{THREADS_HELP} (the teacher's pass and the students')",
-            type=positive_int,
-        ),
+    threads: int = flag_field(
+        1, f"{THREADS_HELP} (the teacher's pass and the students')", type=positive_int
     )
     metrics_out: Path = field(metadata=flag(REPORT_HELP, metavar="FILE"))
 

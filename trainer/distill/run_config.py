@@ -18,7 +18,7 @@ from dataclasses import field
 from pathlib import Path
 from typing import Final
 
-from features.config_flags import flag, positive_float, positive_int
+from features.config_flags import flag, flag_field, positive_float, positive_int
 from features.vocab import DOMAINS
 from trainer.cli import CHECKPOINT_HELP, THREADS_HELP
 
@@ -57,65 +57,37 @@ def methods_flag(text: str) -> tuple[str, ...]:
 class DistillConfig:
     """One student run. Knob values are fixed a priori, not tuned on eval."""
 
-    methods: tuple[str, ...] = field(
-        default=FULL,
-        metadata=flag(
-            "transfer methods: none, full, or a comma list of standard, aux, "
-            "adapter, repr, share",
-            written_default="full",
-            type=methods_flag,
-            metavar="METHODS",
-        ),
+    methods: tuple[str, ...] = flag_field(
+        FULL,
+        "transfer methods: none, full, or a comma list of standard, aux, "
+        "adapter, repr, share",
+        written_default="full",
+        type=methods_flag,
+        metavar="METHODS",
     )
-    student: str = field(
-        default="dlrm_small", metadata=flag("student size", choices=STUDENT_NAMES)
-    )
-    epochs: int = field(
-        default=1, metadata=flag("passes over --examples", type=positive_int)
-    )
-    batch_size: int = field(
-        default=256, metadata=flag("examples per step", type=positive_int)
-    )
-    lr: float = field(
-        default=2e-3, metadata=flag("student learning rate", type=positive_float)
-    )
+    student: str = flag_field("dlrm_small", "student size", choices=STUDENT_NAMES)
+    epochs: int = flag_field(1, "passes over --examples", type=positive_int)
+    batch_size: int = flag_field(256, "examples per step", type=positive_int)
+    lr: float = flag_field(2e-3, "student learning rate", type=positive_float)
     max_grad_norm: float = 10.0
     shuffle: bool = True
-    seed: int = field(
-        default=0, metadata=flag("student init (and the batch form's epoch order)")
-    )
-    kd_weight: float = field(
-        default=1.0, metadata=flag("standard KD loss weight (lambda)")
-    )  # λ
-    kd_temperature: float = field(
-        default=1.0, metadata=flag("standard KD temperature")
-    )  # T
-    aux_weight: float = field(
-        default=1.0, metadata=flag("auxiliary distillation head's loss weight (w)")
-    )
-    label_scale: float = field(
-        default=1.0, metadata=flag("auxiliary head's label scaling (alpha)")
-    )
-    grad_scale: float = field(
-        default=1.0, metadata=flag("auxiliary head's gradient scaling (beta)")
-    )
-    adapter_lr: float = field(
-        default=1e-2, metadata=flag("Student Adapter's learning rate")
-    )
+    seed: int = flag_field(0, "student init (and the batch form's epoch order)")
+    kd_weight: float = flag_field(1.0, "standard KD loss weight (lambda)")  # λ
+    kd_temperature: float = flag_field(1.0, "standard KD temperature")  # T
+    aux_weight: float = flag_field(1.0, "auxiliary distillation head's loss weight (w)")
+    label_scale: float = flag_field(1.0, "auxiliary head's label scaling (alpha)")
+    grad_scale: float = flag_field(1.0, "auxiliary head's gradient scaling (beta)")
+    adapter_lr: float = flag_field(1e-2, "Student Adapter's learning rate")
     adapter_weight: float = 1.0
     # The adapter's calibration filter (adapter.OffsetTracker); 0 noise = off.
-    adapter_tracker: bool = field(
-        default=True,
-        metadata=flag("the Student Adapter without its calibration filter (MLP only)"),
+    adapter_tracker: bool = flag_field(
+        True, "the Student Adapter without its calibration filter (MLP only)"
     )
     adapter_level_noise: float = 0.03  # logit / sqrt(day)
     adapter_slope_noise: float = 0.01  # logit / day / sqrt(day)
-    share_frozen: bool = field(
-        default=False,
-        metadata=flag(
-            "share: freeze the tables copied from the teacher instead of "
-            "fine-tuning them"
-        ),
+    share_frozen: bool = flag_field(
+        False,
+        "share: freeze the tables copied from the teacher instead of fine-tuning them",
     )
 
 
@@ -138,46 +110,31 @@ class StudentDaemonConfig:
         metadata=flag("the student's checkpoints: resumed from, written to")
     )
     distill: DistillConfig = field(default_factory=DistillConfig)
-    idle_seconds: float | None = field(
-        default=None,
-        metadata=flag(
-            "bounded run: stop once both topics were idle this long",
-            type=positive_float,
-        ),
+    idle_seconds: float | None = flag_field(
+        None,
+        "bounded run: stop once both topics were idle this long",
+        type=positive_float,
     )
-    teacher_wait_s: float = field(
-        default=30.0,
-        metadata=flag(
-            "how long a message waits for its teacher rows before it trains "
-            "on labels only",
-            metavar="S",
-        ),
+    teacher_wait_s: float = flag_field(
+        30.0,
+        "how long a message waits for its teacher rows before it trains on labels only",
+        metavar="S",
     )
-    checkpoint_every: int = field(
-        default=50,
-        metadata=flag(
-            "messages between checkpoints", type=positive_int, metavar="MESSAGES"
-        ),
+    checkpoint_every: int = flag_field(
+        50, "messages between checkpoints", type=positive_int, metavar="MESSAGES"
     )
     keep: int = 3
     max_cached_rows: int = 2_000_000
-    threads: int = field(default=1, metadata=flag(THREADS_HELP, type=positive_int))
-    start_fresh: bool = field(
-        default=False,
-        metadata=flag(
-            "when no checkpoint in --checkpoint-dir verifies, train a new "
-            "student from the topics' earliest offsets instead of refusing to start"
-        ),
+    threads: int = flag_field(1, THREADS_HELP, type=positive_int)
+    start_fresh: bool = flag_field(
+        False,
+        "when no checkpoint in --checkpoint-dir verifies, train a new "
+        "student from the topics' earliest offsets instead of refusing to start",
     )
-    prometheus_port: int = field(
-        default=0,
-        metadata=flag(
-            "serve Prometheus metrics (docs/metrics.md) on this port; 0: off"
-        ),
+    prometheus_port: int = flag_field(
+        0, "serve Prometheus metrics (docs/metrics.md) on this port; 0: off"
     )
-    metrics_address: str = field(
-        default="127.0.0.1",
-        metadata=flag(
-            "address the Prometheus endpoint listens on (0.0.0.0: every interface)"
-        ),
+    metrics_address: str = flag_field(
+        "127.0.0.1",
+        "address the Prometheus endpoint listens on (0.0.0.0: every interface)",
     )

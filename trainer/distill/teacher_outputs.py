@@ -11,7 +11,13 @@ from dataclasses import field
 from pathlib import Path
 
 from features.cli import CommandParser, run_command
-from features.config_flags import add_config_flags, config_fields, flag, positive_int
+from features.config_flags import (
+    add_config_flags,
+    config_fields,
+    flag,
+    flag_field,
+    positive_int,
+)
 from trainer.cli import CHECKPOINT_HELP, THREADS_HELP, feature_dir, start_torch
 
 DESCRIPTION = """\
@@ -32,16 +38,11 @@ class TeacherOutputsConfig:
         metadata=flag("folder of the teacher-output Parquet (replaced when it exists)")
     )
     # teacher_pass.DEFAULT_BATCH_SIZE, which loads torch: a test checks.
-    batch_size: int = field(
-        default=256, metadata=flag("examples per forward", type=positive_int)
+    batch_size: int = flag_field(256, "examples per forward", type=positive_int)
+    max_seq_len: int | None = flag_field(
+        None, "longest history window (default: the teacher's)", type=positive_int
     )
-    max_seq_len: int | None = field(
-        default=None,
-        metadata=flag(
-            "longest history window (default: the teacher's)", type=positive_int
-        ),
-    )
-    threads: int = field(default=1, metadata=flag(THREADS_HELP, type=positive_int))
+    threads: int = flag_field(1, THREADS_HELP, type=positive_int)
 
 
 def build_parser() -> CommandParser:

@@ -16,6 +16,7 @@ from features.config_flags import (
     add_config_flags,
     config_fields,
     flag,
+    flag_field,
     positive_float,
     positive_int,
 )
@@ -44,41 +45,29 @@ class TeacherStreamConfig:
 
     examples_topic: str = field(metadata=flag("topic of example messages to read"))
     output_topic: str = field(metadata=flag("topic the teacher outputs go to"))
-    group: str = field(
-        default="gem-teacher-outputs", metadata=flag("Kafka consumer group")
-    )
+    group: str = flag_field("gem-teacher-outputs", "Kafka consumer group")
     teacher_path: Path = field(
         metadata=flag(CHECKPOINT_HELP, name="--teacher", metavar="PATH")
     )
     checkpoint_dir: Path = field(
         metadata=flag("this job's checkpoints (the examples topic's offsets)")
     )
-    idle_seconds: float | None = field(
-        default=None,
-        metadata=flag(
-            "bounded run: stop once no message came for this long",
-            type=positive_float,
-        ),
+    idle_seconds: float | None = flag_field(
+        None,
+        "bounded run: stop once no message came for this long",
+        type=positive_float,
     )
-    checkpoint_every: int = field(
-        default=50,
-        metadata=flag(
-            "messages between checkpoints", type=positive_int, metavar="MESSAGES"
-        ),
+    checkpoint_every: int = flag_field(
+        50, "messages between checkpoints", type=positive_int, metavar="MESSAGES"
     )
-    partitions: int = field(
-        default=4,
-        metadata=flag(
-            "partitions of --output-topic when it is created", type=positive_int
-        ),
+    partitions: int = flag_field(
+        4, "partitions of --output-topic when it is created", type=positive_int
     )
-    threads: int = field(default=1, metadata=flag(THREADS_HELP, type=positive_int))
-    start_fresh: bool = field(
-        default=False,
-        metadata=flag(
-            "when no checkpoint in --checkpoint-dir verifies, start from the "
-            "examples topic's earliest offsets instead of refusing to start"
-        ),
+    threads: int = flag_field(1, THREADS_HELP, type=positive_int)
+    start_fresh: bool = flag_field(
+        False,
+        "when no checkpoint in --checkpoint-dir verifies, start from the "
+        "examples topic's earliest offsets instead of refusing to start",
     )
 
 

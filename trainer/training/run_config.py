@@ -20,7 +20,7 @@ from dataclasses import field
 from pathlib import Path
 from typing import Final
 
-from features.config_flags import flag, positive_float, positive_int, share
+from features.config_flags import flag, flag_field, positive_float, positive_int, share
 from trainer.cli import THREADS_HELP
 
 PRECISIONS: Final = ("fp32", "bf16")
@@ -61,13 +61,9 @@ PRESET_HELP: Final = (
 class ModelRunConfig:
     """What every run that trains a model is told: the model, its size, threads."""
 
-    model: str = field(
-        default="gem", metadata=flag("model to train", choices=MODEL_NAMES)
-    )
-    preset: str = field(
-        default=DEFAULT_PRESET, metadata=flag(PRESET_HELP, choices=PRESET_NAMES)
-    )
-    threads: int = field(default=1, metadata=flag(THREADS_HELP, type=positive_int))
+    model: str = flag_field("gem", "model to train", choices=MODEL_NAMES)
+    preset: str = flag_field(DEFAULT_PRESET, PRESET_HELP, choices=PRESET_NAMES)
+    threads: int = flag_field(1, THREADS_HELP, type=positive_int)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -78,117 +74,85 @@ class FitConfig(ModelRunConfig):
     eval: Path = field(
         metadata=flag("feature-job output to evaluate the selected epoch on")
     )
-    validation: Path | None = field(
-        default=None,
-        metadata=flag(
-            "feature-job output scored after every epoch; the epoch with the "
-            "lowest overall click NE is the one evaluated (default: the "
-            "--holdout share of --train)"
-        ),
+    validation: Path | None = flag_field(
+        None,
+        "feature-job output scored after every epoch; the epoch with the "
+        "lowest overall click NE is the one evaluated (default: the "
+        "--holdout share of --train)",
     )
-    holdout: float = field(
-        default=DEFAULT_HOLDOUT,
-        metadata=flag(
-            "without --validation: the latest share of --train's examples (by "
-            "event time) is the validation period, and trains nothing; 0 "
-            "trains on all of --train and evaluates its last epoch",
-            type=share,
-            metavar="SHARE",
-        ),
+    holdout: float = flag_field(
+        DEFAULT_HOLDOUT,
+        "without --validation: the latest share of --train's examples (by "
+        "event time) is the validation period, and trains nothing; 0 "
+        "trains on all of --train and evaluates its last epoch",
+        type=share,
+        metavar="SHARE",
     )
-    epochs: int | None = field(
-        default=None,
-        metadata=flag(
-            f"passes over --train, at most (default: {DEFAULT_MAX_EPOCHS} with "
-            "a validation period, which ends the run sooner; 1 without one)",
-            type=positive_int,
-        ),
+    epochs: int | None = flag_field(
+        None,
+        f"passes over --train, at most (default: {DEFAULT_MAX_EPOCHS} with "
+        "a validation period, which ends the run sooner; 1 without one)",
+        type=positive_int,
     )
-    batch_size: int = field(
-        default=256, metadata=flag("examples per step", type=positive_int)
+    batch_size: int = flag_field(256, "examples per step", type=positive_int)
+    max_seq_len: int | None = flag_field(
+        None, "longest history window (default: the preset's)", type=positive_int
     )
-    max_seq_len: int | None = field(
-        default=None,
-        metadata=flag(
-            "longest history window (default: the preset's)", type=positive_int
-        ),
+    lr: float = flag_field(1e-3, "learning rate (Adam)", type=positive_float)
+    lr_schedule: str = flag_field(
+        "plateau",
+        "plateau: after an epoch that does not better validation click "
+        "NE, go back to the best epoch's weights and halve every rate "
+        "(constant without a validation period); cosine: anneal every "
+        "rate to 0 over --epochs",
+        choices=LR_SCHEDULES,
     )
-    lr: float = field(
-        default=1e-3, metadata=flag("learning rate (Adam)", type=positive_float)
+    embedding_lr: float = flag_field(
+        0.05,
+        "Adagrad's learning rate for the tables (--optimizer adam+adagrad)",
+        type=positive_float,
     )
-    lr_schedule: str = field(
-        default="plateau",
-        metadata=flag(
-            "plateau: after an epoch that does not better validation click "
-            "NE, go back to the best epoch's weights and halve every rate "
-            "(constant without a validation period); cosine: anneal every "
-            "rate to 0 over --epochs",
-            choices=LR_SCHEDULES,
-        ),
-    )
-    embedding_lr: float = field(
-        default=0.05,
-        metadata=flag(
-            "Adagrad's learning rate for the tables (--optimizer adam+adagrad)",
-            type=positive_float,
-        ),
-    )
-    optimizer: str = field(
-        default="adam",
-        metadata=flag(
-            "adam: one Adam for everything; adam+adagrad: Adagrad for the "
-            "embedding tables",
-            choices=("adam", "adam+adagrad"),
-        ),
+    optimizer: str = flag_field(
+        "adam",
+        "adam: one Adam for everything; adam+adagrad: Adagrad for the embedding tables",
+        choices=("adam", "adam+adagrad"),
     )
     max_grad_norm: float = 10.0
-    max_steps_per_epoch: int | None = field(
-        default=None,
-        metadata=flag("stop each epoch after this many steps", type=positive_int),
+    max_steps_per_epoch: int | None = flag_field(
+        None, "stop each epoch after this many steps", type=positive_int
     )
     validation_sample: int | None = None  # score a fixed sample of it (None: all)
     train_ne_sample: int = 10_000  # train examples scored after each epoch
-    seed: int = field(default=0, metadata=flag("model init and epoch order"))
-    device: str = field(
-        default="auto", metadata=flag("auto (cuda if torch sees one) | cpu | cuda[:N]")
+    seed: int = flag_field(0, "model init and epoch order")
+    device: str = flag_field("auto", "auto (cuda if torch sees one) | cpu | cuda[:N]")
+    precision: str = flag_field(
+        "fp32",
+        "bf16: autocast the forward on a GPU (ignored on the CPU)",
+        choices=PRECISIONS,
     )
-    precision: str = field(
-        default="fp32",
-        metadata=flag(
-            "bf16: autocast the forward on a GPU (ignored on the CPU)",
-            choices=PRECISIONS,
-        ),
+    patience: int | None = flag_field(
+        None,
+        "stop once validation click NE has not improved for N epochs in "
+        f"a row (default: {DEFAULT_PATIENCE}; needs a validation period; "
+        "the best epoch is still the one evaluated)",
+        type=positive_int,
+        metavar="N",
     )
-    patience: int | None = field(
-        default=None,
-        metadata=flag(
-            "stop once validation click NE has not improved for N epochs in "
-            f"a row (default: {DEFAULT_PATIENCE}; needs a validation period; "
-            "the best epoch is still the one evaluated)",
-            type=positive_int,
-            metavar="N",
-        ),
+    max_train_seconds: float | None = flag_field(
+        None, "start no new epoch after this many seconds (a safety net)"
     )
-    max_train_seconds: float | None = field(
-        default=None,
-        metadata=flag("start no new epoch after this many seconds (a safety net)"),
+    recalibrate: bool = flag_field(
+        False,
+        "after training, shift each task's output bias so the whole "
+        "validation period is calibrated (needs a validation period)",
     )
-    recalibrate: bool = field(
-        default=False,
-        metadata=flag(
-            "after training, shift each task's output bias so the whole "
-            "validation period is calibrated (needs a validation period)"
-        ),
-    )
-    compile: str | None = field(
-        default=None,
-        metadata=flag(
-            "run the model under torch.compile (inductor when no backend is "
-            "given; aot_eager traces without code generation)",
-            nargs="?",
-            const="inductor",
-            metavar="BACKEND",
-        ),
+    compile: str | None = flag_field(
+        None,
+        "run the model under torch.compile (inductor when no backend is "
+        "given; aot_eager traces without code generation)",
+        nargs="?",
+        const="inductor",
+        metavar="BACKEND",
     )
 
     def max_epochs(self, validated: bool) -> int:
@@ -211,105 +175,76 @@ class DaemonConfig(ModelRunConfig):
     """One daemon run (``python -m trainer.daemon``)."""
 
     topic: str = field(metadata=flag("topic of example messages to train from"))
-    group: str = field(
-        default="gem-trainer",
-        metadata=flag("Kafka consumer group (every rank of a run joins it)"),
+    group: str = flag_field(
+        "gem-trainer", "Kafka consumer group (every rank of a run joins it)"
     )
     checkpoint_dir: Path = field(metadata=flag("checkpoints: resumed from, written to"))
-    lr: float = field(default=1e-3, metadata=flag("learning rate", type=positive_float))
-    seed: int = field(default=0, metadata=flag("model init"))
-    checkpoint_every: int = field(
-        default=50, metadata=flag("steps between checkpoints", type=positive_int)
+    lr: float = flag_field(1e-3, "learning rate", type=positive_float)
+    seed: int = flag_field(0, "model init")
+    checkpoint_every: int = flag_field(
+        50, "steps between checkpoints", type=positive_int
     )
-    keep: int = field(
-        default=3, metadata=flag("newest checkpoints kept", type=positive_int)
+    keep: int = flag_field(3, "newest checkpoints kept", type=positive_int)
+    idle_seconds: float | None = flag_field(
+        None, "bounded run: stop once no record came for this long", type=positive_float
     )
-    idle_seconds: float | None = field(
-        default=None,
-        metadata=flag(
-            "bounded run: stop once no record came for this long", type=positive_float
-        ),
-    )
-    max_steps: int | None = field(
-        default=None, metadata=flag("stop after this many steps", type=positive_int)
+    max_steps: int | None = flag_field(
+        None, "stop after this many steps", type=positive_int
     )
     queue_size: int = 8  # decoded messages buffered ahead of the step
-    dead_letter: str | None = field(
-        default=None,
-        metadata=flag(
-            "where poison messages go: a topic, or a .jsonl file "
-            "(default: <topic>.dead-letter)"
-        ),
+    dead_letter: str | None = flag_field(
+        None,
+        "where poison messages go: a topic, or a .jsonl file "
+        "(default: <topic>.dead-letter)",
     )
-    log_every: int = field(
-        default=10, metadata=flag("steps between metrics records", type=positive_int)
+    log_every: int = flag_field(10, "steps between metrics records", type=positive_int)
+    window_examples: int = flag_field(
+        2000, "examples in the recent-window metrics", type=positive_int
     )
-    window_examples: int = field(
-        default=2000,
-        metadata=flag("examples in the recent-window metrics", type=positive_int),
+    metrics_jsonl: Path | None = flag_field(
+        None,
+        "append a JSON metrics record there every --log-every steps",
+        metavar="FILE",
     )
-    metrics_jsonl: Path | None = field(
-        default=None,
-        metadata=flag(
-            "append a JSON metrics record there every --log-every steps", metavar="FILE"
-        ),
+    prometheus_port: int = flag_field(
+        0, "serve Prometheus metrics on this port (0: off)"
     )
-    prometheus_port: int = field(
-        default=0, metadata=flag("serve Prometheus metrics on this port (0: off)")
+    metrics_address: str = flag_field(
+        "127.0.0.1",
+        "address the Prometheus endpoint listens on (0.0.0.0: every interface)",
     )
-    metrics_address: str = field(
-        default="127.0.0.1",
-        metadata=flag(
-            "address the Prometheus endpoint listens on (0.0.0.0: every interface)"
-        ),
+    start_fresh: bool = flag_field(
+        False,
+        "when no checkpoint in --checkpoint-dir verifies, train a new model "
+        "from the topic's earliest offsets instead of refusing to start",
     )
-    start_fresh: bool = field(
-        default=False,
-        metadata=flag(
-            "when no checkpoint in --checkpoint-dir verifies, train a new model "
-            "from the topic's earliest offsets instead of refusing to start"
-        ),
+    tensorboard_dir: Path | None = flag_field(
+        None, "write TensorBoard event files there", name="--tensorboard"
     )
-    tensorboard_dir: Path | None = field(
-        default=None,
-        metadata=flag("write TensorBoard event files there", name="--tensorboard"),
+    plot: Path | None = flag_field(
+        None, "PNG of the progressive-NE curves, written at the end", metavar="FILE"
     )
-    plot: Path | None = field(
-        default=None,
-        metadata=flag(
-            "PNG of the progressive-NE curves, written at the end", metavar="FILE"
-        ),
+    device: str = flag_field("auto", "auto: this rank's GPU if any, else cpu")
+    prior_click_rate: float = flag_field(0.02, "click rate every output starts at")
+    prior_conversion_rate: float = flag_field(
+        0.002, "conversion rate every output starts at"
     )
-    device: str = field(
-        default="auto", metadata=flag("auto: this rank's GPU if any, else cpu")
+    sharding: str = flag_field(
+        "replicated",
+        "replicated: every rank holds all tables; model-parallel: TorchRec "
+        "shards the tables",
+        choices=SHARDINGS,
     )
-    prior_click_rate: float = field(
-        default=0.02, metadata=flag("click rate every output starts at")
+    embedding_optimizer: str = flag_field(
+        "auto",
+        "auto: adam (with the dense part) when replicated, adagrad when "
+        "model-parallel (fbgemm's fused CPU kernel has no Adam)",
+        choices=EMBEDDING_OPTIMIZERS,
     )
-    prior_conversion_rate: float = field(
-        default=0.002, metadata=flag("conversion rate every output starts at")
+    embedding_lr: float | None = flag_field(
+        None, "the tables' learning rate (default: --lr)", type=positive_float
     )
-    sharding: str = field(
-        default="replicated",
-        metadata=flag(
-            "replicated: every rank holds all tables; model-parallel: TorchRec "
-            "shards the tables",
-            choices=SHARDINGS,
-        ),
-    )
-    embedding_optimizer: str = field(
-        default="auto",
-        metadata=flag(
-            "auto: adam (with the dense part) when replicated, adagrad when "
-            "model-parallel (fbgemm's fused CPU kernel has no Adam)",
-            choices=EMBEDDING_OPTIMIZERS,
-        ),
-    )
-    embedding_lr: float | None = field(
-        default=None,
-        metadata=flag("the tables' learning rate (default: --lr)", type=positive_float),
-    )
-    min_sharded_rows: int = field(
-        default=MIN_SHARDED_ROWS,
-        metadata=flag("model-parallel: pooled tables with fewer rows stay replicated"),
+    min_sharded_rows: int = flag_field(
+        MIN_SHARDED_ROWS,
+        "model-parallel: pooled tables with fewer rows stay replicated",
     )
