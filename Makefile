@@ -15,15 +15,17 @@ TOOLS := .tools
 BEAM_VERSION := $(shell sed -n 's/^apache-beam==//p' requirements/lock.txt)
 PRISM := $(TOOLS)/bin/prism
 KAFKA_STAMP := $(TOOLS)/kafka/.installed
+FLINK_STAMP := $(TOOLS)/flink/.installed
 
-.PHONY: install tools prism kafka services services-stop demo demo-stream test lint format bench \
+.PHONY: install tools prism kafka flink services services-stop demo demo-stream test lint format bench \
 	gpu-wheels clean
 
 install: $(STAMP) tools
 
-tools: prism kafka
+tools: prism kafka flink
 prism: $(PRISM)
 kafka: $(KAFKA_STAMP)
+flink: $(FLINK_STAMP)
 
 # Built from the Go module proxy (GitHub, where Beam would download it from,
 # is out of reach); pipelines.beam.runner points Beam at it.
@@ -33,13 +35,23 @@ $(PRISM): requirements/lock.txt
 		go install github.com/apache/beam/sdks/v2/go/cmd/prism@v$(BEAM_VERSION)
 	touch $@
 
-# The embedded broker's jars and their dependencies, from Maven Central.
-$(KAFKA_STAMP): requirements/kafka/pom.xml
-	rm -rf $(TOOLS)/kafka/libs
-	mvn --quiet --batch-mode -Dstyle.color=never -f requirements/kafka/pom.xml \
+# $(call maven_jars,NAME): the jars of requirements/NAME/pom.xml and their
+# runtime dependencies, from Maven Central, into .tools/NAME/libs.
+define maven_jars
+	rm -rf $(TOOLS)/$(1)/libs
+	mvn --quiet --batch-mode -Dstyle.color=never -f requirements/$(1)/pom.xml \
 		dependency:copy-dependencies -DincludeScope=runtime \
-		-DoutputDirectory=$(abspath $(TOOLS)/kafka/libs)
+		-DoutputDirectory=$(abspath $(TOOLS)/$(1)/libs)
 	touch $@
+endef
+
+# The embedded broker's jars (launchers.kafka_broker).
+$(KAFKA_STAMP): requirements/kafka/pom.xml
+	$(call maven_jars,kafka)
+
+# Beam's Flink job server and an embedded Flink (launchers.flink_job_server).
+$(FLINK_STAMP): requirements/flink/pom.xml
+	$(call maven_jars,flink)
 
 # PostgreSQL and Redis on loopback for Feast's production-like configuration;
 # installed from Debian's packages where missing, left alone where running.

@@ -9,7 +9,9 @@ followed from ``/proc`` until it exits: its high-water resident memory
 for a process that grows in its last moments). Reported per layout: wall
 time, events/s, events per shard and per worker, the job's process (the
 runner, and the worker where it is embedded), the largest SDK worker, and
-Prism's Go engine where ``--runner prism``.
+Prism's Go engine where ``--runner prism``, the Flink job server's JVM
+where ``--runner flink`` (``launchers.flink_job_server``, Flink's
+parallelism ``W``, the worker in the job's process).
 
 Which figure answers which question: a worker's peak at equal events per
 worker and a growing input says whether the job's own work is bounded; at a
@@ -19,7 +21,7 @@ worker (``docs/decisions/0023-worker-memory-on-local-runners.md``).
 Usage::
 
     python -m benchmarks.bench_build_memory [--layouts 2:16:2,8:64:2,8:64:8]
-        [--runner fnapi|prism] [--json]
+        [--runner fnapi|prism|flink] [--json]
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from typing import Any
 
 from benchmarks.bench_build import ROOT, RUNNERS, scale_config
 from benchmarks.bench_generator import hardware
+from launchers.flink_job_server import FlinkJobServer
 from pipelines.sources.synthetic import generate_dataset
 
 SAMPLE_S = 0.1
@@ -136,12 +139,30 @@ def follow_peaks(process: subprocess.Popen[bytes]) -> dict[str, int]:
 
 
 def measure(layout: Layout, runner: str, workdir: Path) -> dict[str, Any]:
-    """Run the job once on this layout's data; its time and memory."""
+    """Run the job once on this layout's data; its time and memory. On
+    ``flink`` a job server of its own runs beside it (``W`` is Flink's
+    parallelism) and its JVM's peak is the ``engine``'s."""
     source = workdir / f"data-{layout.millions:g}"
     if not source.exists():
         generate_dataset(scale_config(layout.millions), source)
+    if runner != "flink":
+        flags, expected = RUNNERS[runner]
+        flags = [*flags, *layout.beam_flags()]
+        return _run_job(layout, source, workdir, flags, expected)
+    with FlinkJobServer() as server:
+        flags = [*server.beam_flags(layout.workers), "--shards", str(layout.shards)]
+        result = _run_job(layout, source, workdir, flags, "PortableRunner")
+        assert server.process is not None
+        engine = high_water_mb(server.process.pid)
+    if engine is not None:
+        result["peak_mb"]["engine"] = engine
+    return result
+
+
+def _run_job(
+    layout: Layout, source: Path, workdir: Path, flags: list[str], expected: str
+) -> dict[str, Any]:
     out = workdir / "out"
-    flags, expected = RUNNERS[runner]
     command = [
         sys.executable,
         "-m",
@@ -151,7 +172,6 @@ def measure(layout: Layout, runner: str, workdir: Path) -> dict[str, Any]:
         "--output",
         str(out),
         *flags,
-        *layout.beam_flags(),
     ]
     start = time.perf_counter()
     process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL)
@@ -162,7 +182,7 @@ def measure(layout: Layout, runner: str, workdir: Path) -> dict[str, Any]:
     summary = json.loads((out / "summary.json").read_text())
     if summary["runner"] != expected:
         ran = summary["runner"]
-        raise RuntimeError(f"{runner}: the job ran on {ran}, not {expected}")
+        raise RuntimeError(f"the job ran on {ran}, not {expected}")
     events = summary["counts"]["events_read"]
     return {
         "layout": asdict(layout),
@@ -205,7 +225,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         default="2:16:2,8:64:2,8:64:8",
         help="MILLIONS:SHARDS:WORKERS, comma-separated",
     )
-    parser.add_argument("--runner", choices=sorted(RUNNERS), default="fnapi")
+    parser.add_argument(
+        "--runner", choices=sorted([*RUNNERS, "flink"]), default="fnapi"
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     try:

@@ -52,13 +52,13 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import field
 from pathlib import Path
-from types import TracebackType
 from typing import Final, TextIO
 
 from features.cli import CommandError, CommandParser, run_command
-from features.config_flags import add_config_flags, config_fields, flag, flag_field
+from features.config_flags import config_fields, flag, flag_field
 from features.kafka.settings import KafkaSettings
 from features.kafka.topics import ensure_topics
+from launchers.jvm import LOOPBACK, Service, die_with_parent, free_loopback_port
 from launchers.kafka_config import (
     SASL_LISTENER_MECHANISMS,
     check_sasl_users,
@@ -67,12 +67,9 @@ from launchers.kafka_config import (
     server_properties,
 )
 from launchers.kafka_host import (
-    LOOPBACK,
     BrokerStartError,
     answers_api_versions,
-    die_with_parent,
-    free_loopback_port,
-    java_binary,
+    kafka_java,
     kafka_libs,
     random_cluster_id,
 )
@@ -83,7 +80,7 @@ DEFAULT_HEAP: Final = "512m"
 _ADDRESS_IN_USE_HINTS: Final = ("address already in use", "bindexception")
 
 
-class EmbeddedKafka:
+class EmbeddedKafka(Service):
     """An Apache Kafka node (KRaft, broker + controller) on loopback ports.
 
     Args:
@@ -181,7 +178,7 @@ class EmbeddedKafka:
         if self._process is not None:
             return self.bootstrap
         # Missing Java or jars fail here, before a home is made.
-        java_binary()
+        kafka_java()
         kafka_libs()
         requested = self._requested_port or self.port
         attempts = 1 if requested is not None else 3
@@ -222,7 +219,7 @@ class EmbeddedKafka:
     def _java_command(self, main: str, *args: str) -> list[str]:
         assert self._home is not None
         return [
-            java_binary(),
+            kafka_java(),
             f"-Xmx{self._heap}",
             "-Xms64m",
             "-XX:+UseG1GC",
@@ -363,18 +360,6 @@ class EmbeddedKafka:
         """Create topics with the given partition counts (existing ones are kept)."""
         ensure_topics(self.settings, topics)
 
-    def __enter__(self) -> EmbeddedKafka:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
 
 @contextlib.contextmanager
 def kafka_cluster(
@@ -461,9 +446,11 @@ class BrokerCommandConfig:
 
 def build_parser() -> CommandParser:
     """The flags of ``python -m launchers.kafka_broker``."""
-    parser = CommandParser("launchers.kafka_broker", __doc__.split("\n\n")[0])
-    add_config_flags(parser, BrokerCommandConfig)
-    return parser
+    return CommandParser(
+        "launchers.kafka_broker",
+        __doc__.split("\n\n")[0],
+        configs=[BrokerCommandConfig],
+    )
 
 
 def serve(args: argparse.Namespace) -> int:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Final
 
 from features.kafka.settings import MAX_MESSAGE_BYTES
-from launchers.kafka_host import LOOPBACK
+from launchers.jvm import LOOPBACK
 
 NODE_ID: Final = 1
 SASL_LISTENER_MECHANISMS: Final = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")

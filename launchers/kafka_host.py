@@ -1,30 +1,24 @@
-"""What the embedded Kafka node needs from its host: Java, Kafka's jars, a
-free loopback port, and a way to tell that a broker answers there.
+"""What the embedded Kafka node needs beside what every JVM service needs
+(``launchers.jvm``): Kafka's jars, a cluster id, and a way to tell that a
+broker answers on a port.
 
 Kafka's jars come from Maven Central through ``requirements/kafka/pom.xml``
 (``make kafka`` copies them into ``.tools/kafka/libs``); ``GEM_KAFKA_LIBS``
-points at another folder of them. Java is ``JAVA_HOME``'s, else the one on
-``PATH``.
+points at another folder of them.
 """
 
 from __future__ import annotations
 
 import base64
-import contextlib
-import ctypes
-import os
-import shutil
-import signal
 import socket
 import struct
 import uuid
 from pathlib import Path
 from typing import Final
 
-LOOPBACK: Final = "127.0.0.1"
+from launchers.jvm import LOOPBACK, jar_folder, java_binary
+
 LIBS_ENV: Final = "GEM_KAFKA_LIBS"
-DEFAULT_LIBS: Final = Path(__file__).resolve().parents[1] / ".tools" / "kafka" / "libs"
-_PR_SET_PDEATHSIG: Final = 1
 
 
 class BrokerStartError(RuntimeError):
@@ -37,40 +31,18 @@ def kafka_libs() -> Path:
     Raises:
         BrokerStartError: the folder holds no Kafka server jar.
     """
-    override = os.environ.get(LIBS_ENV)
-    libs = Path(override) if override else DEFAULT_LIBS
-    if not any(libs.glob("kafka_2.13-*.jar")):
-        raise BrokerStartError(
-            f"Apache Kafka's jars are not in {libs}; run `make kafka` "
-            f"(or set {LIBS_ENV} to a folder of them)"
-        )
-    return libs
+    return jar_folder(
+        LIBS_ENV, "kafka", "kafka_2.13-*.jar", "Apache Kafka's jars", BrokerStartError
+    )
 
 
-def java_binary() -> str:
-    """The ``java`` of ``JAVA_HOME``, else the one on ``PATH``.
+def kafka_java() -> str:
+    """The ``java`` that runs the broker.
 
     Raises:
         BrokerStartError: no Java is found.
     """
-    home = os.environ.get("JAVA_HOME")
-    if home and (Path(home) / "bin" / "java").is_file():
-        return str(Path(home) / "bin" / "java")
-    found = shutil.which("java")
-    if found is None:
-        raise BrokerStartError(
-            "no java on PATH: the embedded Kafka broker needs Java 17 or newer; "
-            "install a JDK or set JAVA_HOME"
-        )
-    return found
-
-
-def free_loopback_port() -> int:
-    """A TCP port that was free on the loopback interface a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((LOOPBACK, 0))
-        port: int = sock.getsockname()[1]
-        return port
+    return java_binary("the embedded Kafka broker", BrokerStartError)
 
 
 def random_cluster_id() -> str:
@@ -83,16 +55,6 @@ def random_cluster_id() -> str:
         text = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
         if not text.startswith("-"):
             return text
-
-
-def die_with_parent() -> None:
-    """In the child, before exec: get SIGTERM when the parent dies (Linux).
-
-    Keeps a broker from outliving a test runner or demo that was SIGKILLed.
-    """
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def answers_api_versions(port: int, timeout: float = 0.5) -> bool:

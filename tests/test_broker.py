@@ -20,8 +20,9 @@ from kafka import TopicPartition
 from kafka.structs import OffsetAndMetadata
 
 from features.kafka import KafkaSettings, topic_records
+from launchers.jvm import LOOPBACK
 from launchers.kafka_broker import EmbeddedKafka, kafka_cluster
-from launchers.kafka_host import LOOPBACK, BrokerStartError
+from launchers.kafka_host import BrokerStartError
 
 pytestmark = pytest.mark.integration
 

@@ -39,6 +39,7 @@ from features.feature_tables import (
 )
 from features.kafka import KafkaSettings
 from features.windows import attach_windows
+from launchers.flink_job_server import FlinkJobServer
 from pipelines import build
 from pipelines.beam.runner import (
     prepare_runner,
@@ -167,6 +168,20 @@ def test_direct_runner_runs_the_job_on_prism(
     assert str(prism_binary()) in caplog.text
     assert "Downloading prism" not in caplog.text
     _assert_same_as_reference(tmp_path, reference)
+
+
+def test_flink_runs_the_job_and_its_outputs_equal_the_reference(
+    dataset: Path, reference: ReferenceOutput, tmp_path: Path
+) -> None:
+    """Beam's portable FlinkRunner on an embedded Flink (``make flink``): a
+    runner that streams each bundle's grouped input to the worker."""
+    with FlinkJobServer(log_path=tmp_path / "flink.log") as server:
+        summary = build.run(
+            [*server.beam_flags(), "--input", str(dataset),
+             "--output", str(tmp_path / "out"), "--shards", "4"]
+        )  # fmt: skip
+    assert summary["runner"] == "PortableRunner"
+    _assert_same_as_reference(tmp_path / "out", reference)
 
 
 def test_untuned_workers_write_the_same_bytes(
