@@ -24,6 +24,8 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Final, NoReturn
 
+from features.config_flags import add_config_flags
+
 EXIT_USAGE: Final = 2
 LOG_LEVELS: Final = ("debug", "info", "warning", "error")
 LOG_FORMAT: Final = "%(asctime)s %(levelname)s %(name)s %(message)s"
@@ -87,6 +89,8 @@ class CommandParser(argparse.ArgumentParser):
         description: the help's first paragraph; by convention the module
             docstring's.
         log_level: add ``--log-level`` (what :func:`run_command` reads).
+        configs: frozen config dataclasses whose flag fields are flags of
+            this command, in order (:func:`~features.config_flags.add_config_flags`).
     """
 
     def __init__(
@@ -95,6 +99,7 @@ class CommandParser(argparse.ArgumentParser):
         description: str | None = None,
         *,
         log_level: bool = True,
+        configs: Sequence[type] = (),
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("formatter_class", HelpFormatter)
@@ -107,6 +112,8 @@ class CommandParser(argparse.ArgumentParser):
                 default="info",
                 help="debug also shows the traceback of an error",
             )
+        for config in configs:
+            add_config_flags(self, config)
 
     def known_flags(self) -> list[str]:
         """Every ``--flag`` this parser (or one of its subcommands) accepts."""
@@ -141,6 +148,19 @@ class CommandParser(argparse.ArgumentParser):
         self.print_usage(sys.stderr)
         hint = closest_flag_hint(message, self.known_flags())
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}{hint}\n")
+
+
+def flag_action(parser: argparse.ArgumentParser, flag: str) -> argparse.Action:
+    """The action behind ``flag`` in ``parser``, for a command that words a
+    shared flag's help for itself.
+
+    Raises:
+        KeyError: ``parser`` has no such flag.
+    """
+    for action in parser._actions:
+        if flag in action.option_strings:
+            return action
+    raise KeyError(flag)
 
 
 def closest_flag_hint(message: str, known: Sequence[str]) -> str:

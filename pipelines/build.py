@@ -27,6 +27,7 @@ from features.cli import (
     CommandError,
     CommandParser,
     drop_library_lines,
+    flag_action,
     no_broker,
     run_command,
 )
@@ -54,12 +55,11 @@ def build_parser() -> CommandParser:
     add_build_arguments(parser)
     add_streaming_arguments(parser)
     add_beam_arguments(parser)
-    for action in parser._actions:
-        if "--runner" in action.option_strings:
-            action.help = (
-                f"{action.help} This job without --runner: the FnApiRunner "
-                "(batch), Prism (--streaming)."
-            )
+    runner = flag_action(parser, "--runner")
+    runner.help = (
+        f"{runner.help} This job without --runner: the FnApiRunner "
+        "(batch), Prism (--streaming)."
+    )
     return parser
 
 

@@ -75,9 +75,11 @@ class PublishConfig:
 
 def build_parser() -> CommandParser:
     """The CLI's argument parser (generator options plus the Kafka flags)."""
-    parser = CommandParser("pipelines.generate", __doc__.split("\n\n")[0])
-    add_config_flags(parser, GeneratorArguments)
-    add_config_flags(parser, GenerateConfig)
+    parser = CommandParser(
+        "pipelines.generate",
+        __doc__.split("\n\n")[0],
+        configs=[GeneratorArguments, GenerateConfig],
+    )
     publish = parser.add_argument_group(
         "Kafka publishing", "With --topic, the events are also sent to Kafka."
     )

@@ -12,7 +12,7 @@ from dataclasses import field
 from pathlib import Path
 
 from features.cli import CommandError, CommandParser, run_command
-from features.config_flags import add_config_flags, config_fields, flag, flag_field
+from features.config_flags import config_fields, flag, flag_field
 
 DESCRIPTION = """\
 Convert MovieLens (ml-100k or ml-1m, detected from its files) into the
@@ -38,9 +38,7 @@ class MovieLensConfig:
 
 def build_parser() -> CommandParser:
     """The command's flags (:class:`MovieLensConfig`'s)."""
-    parser = CommandParser("pipelines.movielens", DESCRIPTION)
-    add_config_flags(parser, MovieLensConfig)
-    return parser
+    return CommandParser("pipelines.movielens", DESCRIPTION, configs=[MovieLensConfig])
 
 
 def _convert(args: argparse.Namespace) -> int:

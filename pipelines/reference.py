@@ -14,7 +14,7 @@ from dataclasses import field
 from pathlib import Path
 
 from features.cli import CommandError, CommandParser, run_command
-from features.config_flags import add_config_flags, config_fields, flag, flag_field
+from features.config_flags import config_fields, flag, flag_field
 
 DESCRIPTION = """\
 The feature job in one process: the oracle the Beam job (python -m
@@ -43,9 +43,7 @@ class ReferenceConfig:
 
 def build_parser() -> CommandParser:
     """The command's flags (:class:`ReferenceConfig`'s)."""
-    parser = CommandParser("pipelines.reference", DESCRIPTION)
-    add_config_flags(parser, ReferenceConfig)
-    return parser
+    return CommandParser("pipelines.reference", DESCRIPTION, configs=[ReferenceConfig])
 
 
 def _reference(args: argparse.Namespace) -> int:

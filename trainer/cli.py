@@ -19,7 +19,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from features.cli import CommandError
+from features.cli import CommandError, flag_action
 from features.kafka.settings import add_kafka_arguments
 
 
@@ -72,12 +72,10 @@ def add_cluster_arguments(parser: argparse.ArgumentParser, why: str) -> None:
     of its own would be empty); :func:`kafka_settings` then refuses to go on
     without one."""
     add_kafka_arguments(parser)
-    for action in parser._actions:
-        if "--kafka-bootstrap" in action.option_strings:
-            action.help = (
-                f"the Kafka cluster, required ({why}); or bootstrap.servers in "
-                "--kafka-config / --kafka-option"
-            )
+    flag_action(parser, "--kafka-bootstrap").help = (
+        f"the Kafka cluster, required ({why}); or bootstrap.servers in "
+        "--kafka-config / --kafka-option"
+    )
     for group in parser._action_groups:
         if group.title == "Kafka":
             group.description = (

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from features.cli import CommandError, CommandParser, run_command
-from features.config_flags import add_config_flags, config_fields
+from features.config_flags import config_fields
 from trainer.cli import add_cluster_arguments, kafka_settings, start_torch
 from trainer.training.run_config import DaemonConfig
 
@@ -29,8 +29,7 @@ Exit 2: bad input, or checkpoints of which none verifies (see
 
 def build_parser() -> CommandParser:
     """The flags of ``python -m trainer.daemon``."""
-    parser = CommandParser("trainer.daemon", DESCRIPTION)
-    add_config_flags(parser, DaemonConfig)
+    parser = CommandParser("trainer.daemon", DESCRIPTION, configs=[DaemonConfig])
     add_cluster_arguments(parser, NEEDS_CLUSTER)
     return parser
 

@@ -10,7 +10,7 @@ from dataclasses import field
 from pathlib import Path
 
 from features.cli import CommandError, CommandParser, run_command
-from features.config_flags import add_config_flags, config_fields, flag, flag_field
+from features.config_flags import config_fields, flag, flag_field
 from trainer.cli import REPORT_HELP, feature_dir, start_torch
 from trainer.training.run_config import DEFAULT_MAX_EPOCHS, DEFAULT_PATIENCE, FitConfig
 
@@ -43,10 +43,7 @@ class FitOutputs:
 
 def build_parser() -> CommandParser:
     """The flags of ``python -m trainer.fit``."""
-    parser = CommandParser("trainer.fit", DESCRIPTION)
-    add_config_flags(parser, FitConfig)
-    add_config_flags(parser, FitOutputs)
-    return parser
+    return CommandParser("trainer.fit", DESCRIPTION, configs=[FitConfig, FitOutputs])
 
 
 def run(args: argparse.Namespace) -> int:

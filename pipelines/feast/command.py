@@ -119,8 +119,9 @@ class MaterializeConfig:
 
 def build_parser() -> CommandParser:
     """The command's flags (nothing heavy imported)."""
-    parser = CommandParser("pipelines.feast", __doc__.splitlines()[0])
-    add_config_flags(parser, StoreConfig)
+    parser = CommandParser(
+        "pipelines.feast", __doc__.splitlines()[0], configs=[StoreConfig]
+    )
     # Subcommands are plain parsers: the top-level CommandParser already
     # checks every flag, theirs included, before argparse sees them.
     commands = parser.add_subparsers(

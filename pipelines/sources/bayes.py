@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from features import vocab
 from features.cli import CommandError, CommandParser, run_command
-from features.config_flags import add_config_flags, config_fields, flag, flag_field
+from features.config_flags import config_fields, flag, flag_field
 from features.json_report import json_safe
 
 if TYPE_CHECKING:
@@ -211,13 +211,12 @@ def _print_report(args: argparse.Namespace) -> int:
 
 def build_parser() -> CommandParser:
     """The command's flags (:class:`BayesConfig`'s)."""
-    parser = CommandParser(
+    return CommandParser(
         "pipelines.sources.bayes",
         "NE / AUC / calibration of the generator's true probabilities:\n"
         "the ceiling for any model on that data.",
+        configs=[BayesConfig],
     )
-    add_config_flags(parser, BayesConfig)
-    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:

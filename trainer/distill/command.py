@@ -81,8 +81,7 @@ class DistillJob:
 
 def build_parser() -> CommandParser:
     """The flags of ``python -m trainer.distill``."""
-    parser = CommandParser("trainer.distill", DESCRIPTION)
-    add_config_flags(parser, DistillJob)
+    parser = CommandParser("trainer.distill", DESCRIPTION, configs=[DistillJob])
     add_config_flags(parser.add_argument_group("Student"), DistillConfig)
     return parser
 

@@ -28,8 +28,9 @@ once). Exit 2: bad input, or checkpoints of which none verifies (see
 
 def build_parser() -> CommandParser:
     """The flags of ``python -m trainer.distill.daemon``."""
-    parser = CommandParser("trainer.distill.daemon", DESCRIPTION)
-    add_config_flags(parser, StudentDaemonConfig)
+    parser = CommandParser(
+        "trainer.distill.daemon", DESCRIPTION, configs=[StudentDaemonConfig]
+    )
     student = parser.add_argument_group("Student")
     add_config_flags(student, DistillConfig, only=STUDENT_DAEMON_DISTILL_FLAGS)
     add_cluster_arguments(parser, NEEDS_CLUSTER)

@@ -12,7 +12,6 @@ from pathlib import Path
 
 from features.cli import CommandParser, run_command
 from features.config_flags import (
-    add_config_flags,
     config_fields,
     flag,
     flag_field,
@@ -47,9 +46,9 @@ class TeacherOutputsConfig:
 
 def build_parser() -> CommandParser:
     """The flags of ``python -m trainer.distill.teacher_outputs``."""
-    parser = CommandParser("trainer.distill.teacher_outputs", DESCRIPTION)
-    add_config_flags(parser, TeacherOutputsConfig)
-    return parser
+    return CommandParser(
+        "trainer.distill.teacher_outputs", DESCRIPTION, configs=[TeacherOutputsConfig]
+    )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -13,7 +13,6 @@ from pathlib import Path
 
 from features.cli import CommandError, CommandParser, run_command
 from features.config_flags import (
-    add_config_flags,
     config_fields,
     flag,
     flag_field,
@@ -73,8 +72,9 @@ class TeacherStreamConfig:
 
 def build_parser() -> CommandParser:
     """The flags of ``python -m trainer.distill.teacher_stream``."""
-    parser = CommandParser("trainer.distill.teacher_stream", DESCRIPTION)
-    add_config_flags(parser, TeacherStreamConfig)
+    parser = CommandParser(
+        "trainer.distill.teacher_stream", DESCRIPTION, configs=[TeacherStreamConfig]
+    )
     add_cluster_arguments(parser, NEEDS_CLUSTER)
     return parser
 
