@@ -117,21 +117,19 @@ class ReadKafkaEvents(beam.PTransform):  # type: ignore[misc]
         group_id: str,
     ) -> None:
         super().__init__()
-        self._settings = settings
         self._topic = topic
-        self._group_id = group_id
+        self._list_partitions = ListPartitionsFn(settings)
+        self._read_partition = ReadPartitionFn(settings, group_id)
 
     def expand(self, pbegin: beam.pvalue.PBegin) -> beam.PCollection:
         """Partitions, spread over workers, each read by one DoFn call."""
         return (
             pbegin
             | "Topic" >> beam.Create([self._topic])
-            | "ListPartitions" >> beam.ParDo(ListPartitionsFn(self._settings))
+            | "ListPartitions" >> beam.ParDo(self._list_partitions)
             | "SpreadPartitions" >> beam.Reshuffle()
             | "ReadPartitions"
-            >> beam.ParDo(
-                ReadPartitionFn(self._settings, self._group_id)
-            ).with_output_types(RawEvents)
+            >> beam.ParDo(self._read_partition).with_output_types(RawEvents)
         )
 
 
@@ -206,10 +204,9 @@ class PublishExamples(beam.PTransform):  # type: ignore[misc]
         examples_per_message: int,
     ) -> None:
         super().__init__()
-        self._settings = settings
-        self._topic = topic
-        self._max_seq_len = max_seq_len
-        self._per_message = examples_per_message
+        self._publish = PublishShardFn(
+            settings, topic, max_seq_len, examples_per_message
+        )
 
     def expand(self, inputs: tuple[Any, Any]) -> beam.PCollection:
         """Bring each shard's examples and timelines together, then publish."""
@@ -230,10 +227,5 @@ class PublishExamples(beam.PTransform):  # type: ignore[misc]
             )
             | "Together" >> beam.Flatten()
             | "ByShard" >> beam.GroupByKey()
-            | "Publish"
-            >> beam.ParDo(
-                PublishShardFn(
-                    self._settings, self._topic, self._max_seq_len, self._per_message
-                )
-            )
+            | "Publish" >> beam.ParDo(self._publish)
         )

@@ -473,10 +473,8 @@ class ReadEventStream(beam.PTransform):  # type: ignore[misc]
         from_committed: bool = False,
     ) -> None:
         super().__init__()
-        self._settings = settings
         self._topic = topic
-        self._group_id = group_id
-        self._from_committed = from_committed
+        self._start = StartOf(settings, group_id, from_committed)
         self._reader = ReadTopicFn(
             settings,
             group_id,
@@ -491,8 +489,7 @@ class ReadEventStream(beam.PTransform):  # type: ignore[misc]
         return (
             pbegin
             | "Topic" >> beam.Create([self._topic])
-            | "Start"
-            >> beam.ParDo(StartOf(self._settings, self._group_id, self._from_committed))
+            | "Start" >> beam.ParDo(self._start)
             | "Read" >> beam.ParDo(self._reader)
             | "ByKind"
             >> beam.ParDo(_SplitByKind()).with_outputs(DEAD_LETTERS, MARKS, main=EVENTS)

@@ -12,7 +12,7 @@ reason.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
 from features.example_messages import DecodedMessage, decode_example_message
@@ -34,6 +34,7 @@ class Decoded:
     payload: Any = None
 
 
+@dataclass(frozen=True)
 class RecordDecoder:
     """Decode records, setting poison aside (module docstring).
 
@@ -48,20 +49,12 @@ class RecordDecoder:
             kept and no batch is built.
     """
 
-    def __init__(
-        self,
-        dead_letters: DeadLetterWriter,
-        *,
-        max_seq_len: int,
-        pin_memory: bool = False,
-        keep_examples: bool = False,
-        decode_record: RecordFormat | None = None,
-    ) -> None:
-        self.dead_letters = dead_letters
-        self.max_seq_len = max_seq_len
-        self.pin_memory = pin_memory
-        self.keep_examples = keep_examples
-        self.decode_record = decode_record
+    dead_letters: DeadLetterWriter
+    _: KW_ONLY
+    max_seq_len: int
+    pin_memory: bool = False
+    keep_examples: bool = False
+    decode_record: RecordFormat | None = None
 
     def __call__(self, partition: int, message: Any) -> Decoded:
         """Decode ``message`` (a Kafka record) of ``partition``."""

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from features.kafka import KafkaSettings
@@ -119,22 +120,15 @@ def run(config: StudentDaemonConfig, settings: KafkaSettings) -> dict[str, Any]:
     return student.report()
 
 
+@dataclass(frozen=True)
 class _StudentDaemon:
     """One run's loop over both topics, and its checkpoints."""
 
-    def __init__(
-        self,
-        config: StudentDaemonConfig,
-        student: StreamingStudent,
-        examples: KafkaSource,
-        teacher: KafkaSource,
-        exported: DaemonMetrics | None,
-    ) -> None:
-        self.config = config
-        self.student = student
-        self.examples = examples
-        self.teacher = teacher
-        self.exported = exported
+    config: StudentDaemonConfig
+    student: StreamingStudent
+    examples: KafkaSource
+    teacher: KafkaSource
+    exported: DaemonMetrics | None
 
     def train(self) -> None:
         """Apply example messages in the order the source delivers them, each
