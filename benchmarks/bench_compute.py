@@ -57,7 +57,8 @@ from benchmarks import bench_quality
 from benchmarks.bench_quality import (
     GEM_VARIANTS,
     MOVIELENS_TARGET_MATCH_SHARED,
-    SHARED,
+    add_movielens_argument,
+    add_training_arguments,
     bayes_on,
     bench_config,
     save_result,
@@ -399,9 +400,7 @@ def main(argv: list[str] | None = None) -> int:
         default=[0.125, 0.25, 0.5, 1.0, 2.0],
         help="increasing points of one run, in epochs of the train period",
     )
-    p.add_argument("--batch-size", type=int, default=256)
-    p.add_argument("--max-seq-len", type=int, default=32)
-    p.add_argument("--lr", type=float, default=2e-3)
+    add_training_arguments(p)
     p.add_argument(
         "--model-lrs",
         type=parse_model_lrs,
@@ -409,12 +408,7 @@ def main(argv: list[str] | None = None) -> int:
         help="label=rate pairs overriding --lr",
     )
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
-    p.add_argument(
-        "--movielens",
-        type=Path,
-        default=SHARED / "movielens-1m-dev",
-        help="MovieLens-1M(-dev) dir with ratings.dat (read in place)",
-    )
+    add_movielens_argument(p)
     p.add_argument("--work", type=Path, default=Path("/tmp/bench_compute"))
     p.add_argument("--reuse", action="store_true", help="reuse the split dirs")
     p.add_argument("--json", type=Path, default=None)

@@ -42,12 +42,28 @@ def step_timing_parser(prog: str, *, steps: int) -> argparse.ArgumentParser:
     return parser
 
 
-def timed_on(args: argparse.Namespace) -> dict[str, str]:
-    """The report's machine (with torch's thread count) and model entries."""
-    return {
+def speedup_report(
+    args: argparse.Namespace,
+    details: dict[str, object],
+    before: tuple[str, list[float]],
+    after: tuple[str, list[float]],
+) -> dict[str, object]:
+    """The one-line JSON report of two timed ways of a step, printed: the
+    machine (with torch's thread count), the model, ``details``, each way's
+    median seconds under its key, and ``after``'s speedup over ``before``."""
+    (before_key, before_times), (after_key, after_times) = before, after
+    before_s = statistics.median(before_times)
+    after_s = statistics.median(after_times)
+    report = {
         "machine": f"{cpu_model()}, {torch.get_num_threads()} thread(s)",
         "model": f"{args.model}/{args.preset}",
+        **details,
+        before_key: round(before_s, 4),
+        after_key: round(after_s, 4),
+        "speedup": round(before_s / after_s, 2),
     }
+    print(json.dumps(report))
+    return report
 
 
 def main(argv: list[str] | None = None) -> dict[str, object]:
@@ -65,16 +81,12 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     for _ in range(2):  # alternate, so drift hits both alike
         loop_times += step_seconds(loop, args.steps // 2)
         fused_times += step_seconds(fused, args.steps // 2)
-    loop_s, fused_s = statistics.median(loop_times), statistics.median(fused_times)
-    report = {
-        **timed_on(args),
-        "parameters": sum(p.numel() for p in params),
-        "per_tensor_loop_s": round(loop_s, 4),
-        "fused_s": round(fused_s, 4),
-        "speedup": round(loop_s / fused_s, 2),
-    }
-    print(json.dumps(report))
-    return report
+    return speedup_report(
+        args,
+        {"parameters": sum(p.numel() for p in params)},
+        ("per_tensor_loop_s", loop_times),
+        ("fused_s", fused_times),
+    )
 
 
 if __name__ == "__main__":

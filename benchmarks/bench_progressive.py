@@ -12,14 +12,12 @@ noisy machine; both feed the same
 
 from __future__ import annotations
 
-import json
-import statistics
 import time
 from collections.abc import Callable
 
 import torch
 
-from benchmarks.bench_optimizer import step_timing_parser, timed_on
+from benchmarks.bench_optimizer import speedup_report, step_timing_parser
 from benchmarks.generated import example_chunks, generated_reference
 from pipelines.sources.synthetic import GeneratorConfig
 from trainer.data.batch import Batch
@@ -90,17 +88,12 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
         chunk = work[2 + r * per_round : 2 + (r + 1) * per_round]
         for name, loop in loops.items():
             times[name] += step_seconds(loop, *runs[name], chunk)
-    two_s = statistics.median(times["two_forwards"])
-    one_s = statistics.median(times["one_forward"])
-    report = {
-        **timed_on(args),
-        "batch": f"{args.batch_size} examples, histories up to {args.max_seq_len}",
-        "eval_forward_then_step_s": round(two_s, 4),
-        "step_scores_s": round(one_s, 4),
-        "speedup": round(two_s / one_s, 2),
-    }
-    print(json.dumps(report))
-    return report
+    return speedup_report(
+        args,
+        {"batch": f"{args.batch_size} examples, histories up to {args.max_seq_len}"},
+        ("eval_forward_then_step_s", times["two_forwards"]),
+        ("step_scores_s", times["one_forward"]),
+    )
 
 
 if __name__ == "__main__":

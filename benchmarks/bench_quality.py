@@ -743,6 +743,24 @@ def finish_run(result: dict[str, Any], started: float, path: Path | None) -> int
     return 0
 
 
+def add_training_arguments(p: argparse.ArgumentParser) -> None:
+    """The batch size, history length and learning rate flags, with the
+    defaults every model of this benchmark trains with."""
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--max-seq-len", type=int, default=32)
+    p.add_argument("--lr", type=float, default=2e-3)
+
+
+def add_movielens_argument(p: argparse.ArgumentParser) -> None:
+    """The ``--movielens`` flag: the folder :func:`movielens_section` reads."""
+    p.add_argument(
+        "--movielens",
+        type=Path,
+        default=SHARED / "movielens-1m-dev",
+        help="MovieLens-1M(-dev) dir with ratings.dat (read in place)",
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument(
@@ -753,9 +771,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--days", type=int, default=7)
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--steps", type=int, default=120, help="batches per epoch")
-    p.add_argument("--batch-size", type=int, default=256)
-    p.add_argument("--max-seq-len", type=int, default=32)
-    p.add_argument("--lr", type=float, default=2e-3)
+    add_training_arguments(p)
     p.add_argument(
         "--lrs",
         default=None,
@@ -822,12 +838,7 @@ def main(argv: list[str] | None = None) -> int:
         "trained on every seed, chosen on mean validation NE, and reported "
         "as the mean over seeds with the per-seed NE beside it",
     )
-    p.add_argument(
-        "--movielens",
-        type=Path,
-        default=SHARED / "movielens-1m-dev",
-        help="MovieLens-1M(-dev) dir with ratings.dat (read in place)",
-    )
+    add_movielens_argument(p)
     p.add_argument("--work", type=Path, default=Path("/tmp/bench_quality"))
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)

@@ -69,6 +69,16 @@ def run_to_drain(
     )  # fmt: skip
 
 
+def drain_in_process(
+    feed: ExampleFeed, topic: str, group: str, directory: Path
+) -> dict[str, Any]:
+    """One daemon run in this process on the tiny preset, until ``topic`` has
+    been idle two seconds; its summary."""
+    return run_daemon_until_drained(
+        feed.settings, topic, group, directory / "ckpt", idle_seconds=2.0, preset="tiny"
+    )
+
+
 def assert_lineage_holds_each_once(
     directory: Path, checkpoints: Path, sent: Sent, steps: int
 ) -> dict[str, Any]:
@@ -266,14 +276,7 @@ def test_flipped_byte_and_five_megabytes_of_garbage_are_set_aside(
     flipped[len(flipped) // 2] ^= 0x04
     garbage = os.urandom(FIVE_MB)
     feed.publish(topic, [*good[:3], bytes(flipped), garbage, *good[4:7]], 1)
-    first = run_daemon_until_drained(
-        feed.settings,
-        topic,
-        "g-hostile",
-        tmp_path / "ckpt",
-        idle_seconds=2.0,
-        preset="tiny",
-    )
+    first = drain_in_process(feed, topic, "g-hostile", tmp_path)
     assert (first["step"], first["dead_letters"], first["offsets"]) == (6, 2, {0: 8})
 
     letters = {
@@ -294,14 +297,7 @@ def test_flipped_byte_and_five_megabytes_of_garbage_are_set_aside(
     assert garbage.startswith(letters[1].value)
 
     feed.publish(topic, [good[7]], 1)
-    second = run_daemon_until_drained(
-        feed.settings,
-        topic,
-        "g-hostile",
-        tmp_path / "ckpt",
-        idle_seconds=2.0,
-        preset="tiny",
-    )
+    second = drain_in_process(feed, topic, "g-hostile", tmp_path)
     # Counted over the whole run: the restart does not count from zero.
     assert (second["step"], second["dead_letters"], second["records"]) == (7, 2, 9)
     assert second["offsets"] == {0: 9}
@@ -314,14 +310,7 @@ def test_five_megabytes_of_garbage_are_dead_lettered_whole(
     garbage = os.urandom(FIVE_MB)
     good = feed.messages(3)
     feed.publish(topic, [good[0], garbage, *good[1:]], 1)
-    result = run_daemon_until_drained(
-        feed.settings,
-        topic,
-        "g-whole",
-        tmp_path / "ckpt",
-        idle_seconds=2.0,
-        preset="tiny",
-    )
+    result = drain_in_process(feed, topic, "g-whole", tmp_path)
     assert (result["step"], result["dead_letters"]) == (3, 1)
     (letter,) = topic_records(feed.settings, f"{topic}.dead-letter")
     assert letter.value == garbage

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -211,20 +212,33 @@ def test_a_holdout_of_one_instant_is_refused(tmp_path: Path) -> None:
         fit_module.hold_out_latest(same, 0.1)
 
 
-def test_patience_without_validation_is_refused(
-    split: tuple[Path, Path, int], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize(
+    ("flags", "setting", "match"),
+    [
+        (["--patience", "1"], {"patience": 1}, "--patience needs a validation period"),
+        (["--recalibrate"], {"recalibrate": True}, "needs a validation period"),
+    ],
+    ids=["patience", "recalibrate"],
+)
+def test_an_option_that_needs_validation_is_refused_without_it(
+    flags: list[str],
+    setting: dict[str, Any],
+    match: str,
+    split: tuple[Path, Path, int],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     train, evals, _ = split
-    argv = ["--train", str(train), "--eval", str(evals), "--patience", "1"]
+    argv = ["--train", str(train), "--eval", str(evals), *flags]
     argv += ["--holdout", "0"]
     assert fit_command.main([*argv, "--metrics-out", str(tmp_path / "x.json")]) == 2
     assert capsys.readouterr().err.strip() == (
-        "python -m trainer.fit: error: --patience needs a validation period; "
+        f"python -m trainer.fit: error: {flags[0]} needs a validation period; "
         "add --validation DIR, or a --holdout share above 0"
     )
-    with pytest.raises(ValueError, match="--patience needs a validation period"):
+    with pytest.raises(ValueError, match=match):
         fit_module.fit(
-            fit_module.FitConfig(train=train, eval=evals, patience=1, holdout=0)
+            fit_module.FitConfig(train=train, eval=evals, holdout=0, **setting)
         )
 
 
@@ -346,23 +360,6 @@ def test_recalibration_calibrates_the_validation_period_and_keeps_rankings(
         else:
             assert shifts[task] == 0.0
     assert checked >= 3
-
-
-def test_recalibration_without_validation_is_refused(
-    split: tuple[Path, Path, int], tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    train, evals, _ = split
-    argv = ["--train", str(train), "--eval", str(evals), "--recalibrate"]
-    argv += ["--holdout", "0"]
-    assert fit_command.main([*argv, "--metrics-out", str(tmp_path / "x.json")]) == 2
-    assert capsys.readouterr().err.strip() == (
-        "python -m trainer.fit: error: --recalibrate needs a validation period; "
-        "add --validation DIR, or a --holdout share above 0"
-    )
-    with pytest.raises(ValueError, match="needs a validation period"):
-        fit_module.fit(
-            fit_module.FitConfig(train=train, eval=evals, recalibrate=True, holdout=0),
-        )
 
 
 @pytest.mark.skipif(
