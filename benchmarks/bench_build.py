@@ -7,6 +7,9 @@ grows linearly), one data set is generated, then on the same files:
   ``--runner=FnApiRunner`` (the in-process runner, one SDK worker);
   ``prism`` is ``--runner=DirectRunner``, which hands the job to Prism
   (Beam's portable local runner; the child checks that Prism ran it);
+  ``flink`` is ``--runner=PortableRunner`` on a Flink job server started
+  for the run (``launchers.flink_job_server``, after ``make flink``; its
+  start-up is a cluster's, outside the job's wall time);
 - **reference**: ``python -m pipelines.reference`` (pyarrow / pandas / numpy
   in one process, the oracle);
 - **polars**: ``python -m benchmarks.polars_peer`` (the same job written with
@@ -18,8 +21,9 @@ that job's alone; the wall time is measured around the subprocess, so it
 includes interpreter start and imports: what a user waits for. CPU seconds
 (user + system, the child and any SDK worker processes it waited for) are
 reported too: on a machine shared with other work they move much less than
-wall time, so the CPU ratio is the steadier comparison. On Prism they are
-its Python side; the Go engine's own CPU seconds are printed beside them.
+wall time, so the CPU ratio is the steadier comparison. On Prism and Flink
+they are the Python side; the engine's own CPU seconds (Prism's Go process,
+Flink's JVM during the job) are printed beside them.
 The best of ``--repeat`` runs is the headline; every job's counts are
 compared with the reference's (the outputs themselves:
 ``tests/test_polars_peer.py`` and ``tests/test_build.py``). The load average
@@ -31,7 +35,7 @@ start-up cost, the floor under every wall time below.
 Usage::
 
     python -m benchmarks.bench_build [--scales 0.5,1,2] [--repeat 1] [--json]
-        [--runners fnapi,prism] [--beam-args "--direct_num_workers=2
+        [--runners fnapi,prism,flink] [--beam-args "--direct_num_workers=2
                                  --direct_running_mode=multi_processing"]
 """
 
@@ -51,6 +55,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.bench_generator import hardware
+from launchers.flink_job_server import FlinkJobServer
 from pipelines.sources.synthetic import GeneratorConfig, generate_dataset
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -127,6 +132,8 @@ print(json.dumps({"job_s": time.perf_counter() - start, "cpu_s": cpu,
 RUNNERS: dict[str, tuple[list[str], str]] = {
     "fnapi": (["--runner=FnApiRunner"], "FnApiRunner"),
     "prism": (["--runner=DirectRunner"], "PrismRunner"),
+    # The job server's flags are added where it is started (_run_job).
+    "flink": ([], "PortableRunner"),
 }
 DEFAULT_RUNNERS = "fnapi,prism"
 
@@ -160,10 +167,24 @@ def _run_job(
     if job in PEERS:
         return _run_child(job, source, out)
     flags, expected = RUNNERS[job]
-    result = _run_child("beam", source, out, [*flags, *beam_args])
+    if job == "flink":
+        with FlinkJobServer() as server:
+            assert server.process is not None
+            engine_before = cpu_seconds(server.process.pid)
+            result = _run_child("beam", source, out, [*server.beam_flags(), *beam_args])
+            result["engine_cpu_s"] = cpu_seconds(server.process.pid) - engine_before
+    else:
+        result = _run_child("beam", source, out, [*flags, *beam_args])
     if result["runner"] != expected:
         raise RuntimeError(f"{job}: the job ran on {result['runner']}, not {expected}")
     return result
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a running process so far (Linux /proc)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def scale_config(millions: float) -> GeneratorConfig:
@@ -308,8 +329,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             for job, run in r["jobs"].items():
                 if run.get("engine_cpu_s") is not None:
                     print(
-                        f"{job} at {r['events']:,} events: its engine (Prism's "
-                        f"Go process) {run['engine_cpu_s']:.2f} CPU s besides "
+                        f"{job} at {r['events']:,} events: its engine "
+                        f"{run['engine_cpu_s']:.2f} CPU s besides "
                         f"the job's {run['cpu_s']:.2f}"
                     )
         if not all(r["counts_equal"] for r in results):

@@ -225,9 +225,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         default="2:16:2,8:64:2,8:64:8",
         help="MILLIONS:SHARDS:WORKERS, comma-separated",
     )
-    parser.add_argument(
-        "--runner", choices=sorted([*RUNNERS, "flink"]), default="fnapi"
-    )
+    parser.add_argument("--runner", choices=sorted(RUNNERS), default="fnapi")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     try:
