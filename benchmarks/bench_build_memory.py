@@ -156,6 +156,9 @@ def measure(layout: Layout, runner: str, workdir: Path) -> dict[str, Any]:
         engine = high_water_mb(server.process.pid)
     if engine is not None:
         result["peak_mb"]["engine"] = engine
+    # The LOOPBACK worker runs in the job's process; a Python child seen
+    # here is Beam's stager listing the environment (pip freeze).
+    result["peak_mb"].pop("worker", None)
     return result
 
 
