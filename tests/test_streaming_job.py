@@ -1,7 +1,8 @@
 """The streaming job end to end on the embedded broker: same examples as the batch
 job, late events handled, dead letters, Feast pushes.
 
-One bounded run (``--stream-idle-seconds``) is shared by the module. Its input
+One bounded run (``--stream-idle-seconds``) on each runner, Prism and Beam's
+portable FlinkRunner, is shared by the module's tests. Its input
 stream is a generated world published in event-time order (with the
 generator's duplicates), then malformed messages, then events that arrive
 late: some within the allowed lateness (they must be incorporated) and some
@@ -29,6 +30,7 @@ from features.deadletter import DeadLetter
 from features.example_messages import decode_example_message
 from features.kafka import KafkaSettings, topic_records
 from features.windows import attach_windows
+from launchers.flink_job_server import FlinkJobServer
 from pipelines import build
 from pipelines.core.reference import ReferenceOutput, write_output
 from pipelines.feast import ops as feast_ops
@@ -98,11 +100,14 @@ def with_shared_ids(events: pa.Table) -> pa.Table:
     return pa.concat_tables([events, copies]).sort_by("event_time")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="module", params=["prism", "flink"])
 def run(
-    tmp_path_factory: pytest.TempPathFactory, kafka_settings: KafkaSettings
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    kafka_settings: KafkaSettings,
 ) -> StreamRun:
-    """Publish, run the streaming job once (bounded), read everything back."""
+    """Publish, run the streaming job once (bounded) on Prism or on Beam's
+    portable FlinkRunner (an embedded Flink), read everything back."""
     from features.kafka import ensure_topics
 
     root = tmp_path_factory.mktemp("stream")
@@ -133,26 +138,28 @@ def run(
     )
     feast_ops.apply(store, features)
 
-    summary = build.run(
-        [
-            "--streaming",
-            "--runner=DirectRunner",  # Prism
-            f"--input={root / 'gen'}",
-            f"--kafka-bootstrap={kafka_settings.bootstrap}",
-            f"--events-topic={events_topic}",
-            f"--examples-topic={examples_topic}",
-            "--shards=4",
-            "--entity-shards=2",
-            f"--max-seq-len={MAX_SEQ_LEN}",
-            "--out-of-orderness-ms=0",
-            f"--allowed-lateness-ms={LATENESS_MS}",
-            "--release-granularity-ms=3600000",
-            "--stream-idle-seconds=0.5",
-            f"--now-ms={NOW}",
-            f"--feast-state-dir={state}",
-            f"--feast-project={project}",
-        ]
-    )
+    flags = [
+        "--streaming",
+        f"--input={root / 'gen'}",
+        f"--kafka-bootstrap={kafka_settings.bootstrap}",
+        f"--events-topic={events_topic}",
+        f"--examples-topic={examples_topic}",
+        "--shards=4",
+        "--entity-shards=2",
+        f"--max-seq-len={MAX_SEQ_LEN}",
+        "--out-of-orderness-ms=0",
+        f"--allowed-lateness-ms={LATENESS_MS}",
+        "--release-granularity-ms=3600000",
+        "--stream-idle-seconds=0.5",
+        f"--now-ms={NOW}",
+        f"--feast-state-dir={state}",
+        f"--feast-project={project}",
+    ]
+    if request.param == "flink":
+        with FlinkJobServer(log_path=root / "flink.log") as server:
+            summary = build.run([*server.beam_flags(), *flags])
+    else:
+        summary = build.run(["--runner=DirectRunner", *flags])  # Prism
     messages = []
     for value in read_topic(kafka_settings, examples_topic):
         decoded = decode_example_message(value)
