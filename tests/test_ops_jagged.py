@@ -18,6 +18,7 @@ from trainer.ops import (
     Kernel,
     dense_to_jagged,
     fbgemm_op,
+    gather_rows,
     jagged_concat,
     jagged_dense_bmm,
     jagged_first_k,
@@ -89,6 +90,13 @@ def test_segment_ids_and_positions() -> None:
     offsets = offsets_of([2, 0, 3])
     assert segment_ids(offsets, 5).tolist() == [0, 0, 2, 2, 2]
     assert positions(offsets, 5).tolist() == [0, 1, 0, 1, 2]
+
+
+@pytest.mark.parametrize("index", [[2, 0, 2, 2], [[1, 1], [0, 2]]])
+def test_gather_rows_is_indexing(index: list[int] | list[list[int]]) -> None:
+    source = torch.randn(3, 2, 4)
+    rows = torch.tensor(index)
+    assert_same_with_grads(lambda s: gather_rows(s, rows), lambda s: s[rows], source)
 
 
 def test_fbgemm_lookup_is_lazy_and_device_aware() -> None:

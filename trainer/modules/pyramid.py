@@ -36,6 +36,7 @@ from trainer.modules.attention import (
 from trainer.ops import (
     JaggedTokens,
     Kernel,
+    gather_rows,
     jagged_pool,
     jagged_softmax,
     segment_ids,
@@ -77,7 +78,7 @@ class TargetAwareAttention(CrossAttentionProjections):
         seg = segment_ids(offsets, total)
         q = self.q(target).view(-1, self.heads, dim // self.heads)  # (B, H, Dh)
         k, v = self.keys_values(values)
-        scores = (k * q[seg]).sum(-1) / math.sqrt(dim // self.heads)  # (L, H)
+        scores = (k * gather_rows(q, seg)).sum(-1) / math.sqrt(dim // self.heads)
         lengths = (offsets[1:] - offsets[:-1]).to(values.dtype)[seg].unsqueeze(1)
         weights = jagged_softmax(scores, offsets, max_len, self.kernel)
         weighted = weights.unsqueeze(-1) * v  # (L, H, Dh)

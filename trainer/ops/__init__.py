@@ -8,6 +8,7 @@ from trainer.ops.attention import (
 from trainer.ops.jagged import (
     JaggedTokens,
     dense_to_jagged,
+    gather_rows,
     jagged_concat,
     jagged_dense_bmm,
     jagged_first_k,
@@ -29,6 +30,7 @@ __all__ = [
     "capture_jagged_sizes",
     "dense_to_jagged",
     "fbgemm_op",
+    "gather_rows",
     "jagged_concat",
     "jagged_cross_attention",
     "jagged_dense_bmm",

@@ -14,18 +14,12 @@ Example:
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 
-from trainer.ops.jagged import dense_to_jagged, jagged_to_padded_dense
+from trainer.ops.jagged import dense_to_jagged, jagged_softmax, jagged_to_padded_dense
 from trainer.ops.kernel import Kernel, fbgemm_op
 from trainer.ops.pytorch import pt_attention as pt
-from trainer.ops.pytorch.pt_jagged import (
-    pytorch_segment_ids,
-    pytorch_segment_sum,
-)
 
 
 def jagged_local_attention(
@@ -61,18 +55,11 @@ def jagged_cross_attention(
     softmax runs ``torch.ops.fbgemm.jagged_softmax``.
     """
     if kernel == Kernel.FBGEMM and fbgemm_op("jagged_softmax", q.device) is not None:
-        from trainer.ops.jagged import jagged_softmax
 
-        total = k.shape[0]
-        batch, nq, heads, dh = q.shape
-        seg = pytorch_segment_ids(offsets, total)
-        scores = torch.einsum("lhd,lqhd->lqh", k, q[seg]) / math.sqrt(dh)
-        weights = jagged_softmax(
-            scores.reshape(total, nq * heads), offsets, max_len, kernel
-        )
-        weighted = torch.einsum("lqh,lhd->lqhd", weights.view(total, nq, heads), v)
-        out = pytorch_segment_sum(weighted.reshape(total, nq * heads * dh), offsets)
-        return out.view(batch, nq, heads, dh)
+        def fbgemm_softmax(scores: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+            return jagged_softmax(scores, offsets, max_len, kernel)
+
+        return pt.pytorch_jagged_cross_attention(q, k, v, offsets, fbgemm_softmax)
     return pt.pytorch_jagged_cross_attention(q, k, v, offsets)
 
 

@@ -51,6 +51,17 @@ def segment_ids(offsets: torch.Tensor, total: int) -> torch.Tensor:
     return pt.pytorch_segment_ids(offsets, total)
 
 
+def gather_rows(source: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``source[index]`` along dim 0, with a fast backward on CPU.
+
+    Example:
+        >>> gather_rows(torch.tensor([[1.0], [2.0]]), torch.tensor([[1, 1], [0, 1]]))[1]
+        tensor([[1.],
+                [2.]])
+    """
+    return pt.gather_rows(source, index)
+
+
 def positions(offsets: torch.Tensor, total: int) -> torch.Tensor:
     """Position of every token inside its sequence (0 = oldest), (L,) int64.
 

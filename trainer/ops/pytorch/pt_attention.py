@@ -8,17 +8,22 @@ heads of width ``Dh``) unless stated; queries of cross attention are dense
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
 from trainer.ops.pytorch.pt_jagged import (
+    gather_rows,
     pytorch_dense_to_jagged,
     pytorch_jagged_softmax,
     pytorch_jagged_to_padded_dense,
     pytorch_segment_ids,
     pytorch_segment_sum,
 )
+
+SegmentSoftmax = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+"""``(scores (L, C), offsets) → weights (L, C)``, a softmax per sequence."""
 
 
 def pytorch_jagged_local_attention(
@@ -90,18 +95,22 @@ def pytorch_jagged_cross_attention(
     k: torch.Tensor,
     v: torch.Tensor,
     offsets: torch.Tensor,
+    segment_softmax: SegmentSoftmax = pytorch_jagged_softmax,
 ) -> torch.Tensor:
     """Dense queries (B, Q, H, Dh) attend to their own sequence's tokens.
 
     Returns (B, Q, H, Dh); an empty sequence gives zeros. Jagged-native:
-    scores are (L, Q, H), normalised with a segment softmax.
+    scores are (L, Q, H), normalised with ``segment_softmax(scores,
+    offsets)`` (a fast kernel's may replace this reference).
     """
     total = k.shape[0]
     batch, nq, heads, dh = q.shape
     seg = pytorch_segment_ids(offsets, total)
-    scores = torch.einsum("lhd,lqhd->lqh", k, q[seg]) / math.sqrt(dh)
-    weights = pytorch_jagged_softmax(scores.reshape(total, nq * heads), offsets)
-    weighted = torch.einsum("lqh,lhd->lqhd", weights.view(total, nq, heads), v)
+    # Broadcast products, not einsum: on CPU einsum runs these as L tiny
+    # matmuls, slower forward and backward.
+    scores = (k.unsqueeze(1) * gather_rows(q, seg)).sum(-1) / math.sqrt(dh)
+    weights = segment_softmax(scores.reshape(total, nq * heads), offsets)
+    weighted = weights.view(total, nq, heads, 1) * v.unsqueeze(1)
     out = pytorch_segment_sum(weighted.reshape(total, nq * heads * dh), offsets)
     return out.view(batch, nq, heads, dh)
 

@@ -38,6 +38,17 @@ def _total(offsets: torch.Tensor) -> int:
     return total
 
 
+def gather_rows(source: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``source[index]`` for an integer ``index`` of any shape along dim 0.
+
+    Gathers with ``index_select``, whose backward is an ``index_add``: the
+    backward of ``source[index]`` is an accumulating ``index_put``, several
+    times slower on CPU (``benchmarks/README.md``, model speed).
+    """
+    rows = source.index_select(0, index.reshape(-1))
+    return rows.view(*index.shape, *source.shape[1:])
+
+
 def pytorch_segment_ids(offsets: torch.Tensor, total: int) -> torch.Tensor:
     """Sequence index of every token: (L,) int64."""
     lengths = offsets[1:] - offsets[:-1]
@@ -75,7 +86,9 @@ def pytorch_dense_to_jagged(
     pos = torch.arange(total, device=dense.device) - offsets[seg]
     n = dense.shape[1]
     inside = (pos < n).view(-1, *([1] * (dense.dim() - 2)))
-    return dense[seg, pos.clamp(max=max(n - 1, 0))] * inside
+    flat = dense.reshape(-1, *dense.shape[2:])
+    rows = gather_rows(flat, seg * n + pos.clamp(max=max(n - 1, 0)))
+    return rows * inside
 
 
 def pytorch_segment_sum(values: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
@@ -101,9 +114,9 @@ def pytorch_jagged_softmax(values: torch.Tensor, offsets: torch.Tensor) -> torch
     # The max only stabilises the exponent; softmax does not depend on it.
     peak = values.new_full((num, *values.shape[1:]), float("-inf"))
     peak = peak.scatter_reduce(0, index, values.detach(), "amax", include_self=True)
-    exp = torch.exp(values - peak[seg])
+    exp = torch.exp(values - gather_rows(peak, seg))
     denom = values.new_zeros((num, *values.shape[1:])).index_add(0, seg, exp)
-    return (exp / denom[seg]).to(dtype)
+    return (exp / gather_rows(denom, seg)).to(dtype)
 
 
 def pytorch_jagged_dense_bmm(
@@ -112,10 +125,11 @@ def pytorch_jagged_dense_bmm(
     """Per-sequence matmul: token i of sequence b times ``dense[b]``.
 
     (L, K) × (B, K, N) → (L, N). Gathers ``dense`` per token, (L, K, N), so it
-    is meant for small ``K`` (the PFFN's ``n_sum``).
+    is meant for small ``K`` (the PFFN's ``n_sum``). A broadcast product summed
+    over ``K``: a bmm of L tiny matrices is slower on CPU.
     """
     seg = pytorch_segment_ids(offsets, values.shape[0])
-    return torch.bmm(values.unsqueeze(1), dense[seg]).squeeze(1)
+    return (values.unsqueeze(-1) * gather_rows(dense, seg)).sum(1)
 
 
 def pytorch_jagged_pool(
@@ -203,11 +217,11 @@ def pytorch_jagged_last_k(
     if not torch.compiler.is_compiling():
         if values.shape[0] == 0:
             return values.new_zeros((*idx.shape, *values.shape[1:])), valid
-        return values[idx.clamp(min=0)] * mask, valid
+        return gather_rows(values, idx.clamp(min=0)) * mask, valid
     # Compiled, L may be a data-dependent size that cannot be tested for 0
     # without a graph break: gather from [zero row ∥ values] instead.
     source = torch.cat([values.new_zeros((1, *values.shape[1:])), values])
-    return source[torch.where(valid, idx + 1, 0)], valid
+    return gather_rows(source, torch.where(valid, idx + 1, 0)), valid
 
 
 def pytorch_jagged_first_k(
@@ -215,7 +229,7 @@ def pytorch_jagged_first_k(
 ) -> torch.Tensor:
     """The ``k`` oldest tokens of each sequence, (B, k, D); needs lengths >= k."""
     idx = offsets[:-1].unsqueeze(1) + torch.arange(k, device=values.device)
-    return values[idx]
+    return gather_rows(values, idx)
 
 
 def pytorch_jagged_truncate_last(
@@ -226,9 +240,13 @@ def pytorch_jagged_truncate_last(
     new_lengths = lengths.clamp(max=k)
     new_offsets = torch.nn.functional.pad(torch.cumsum(new_lengths, 0), (1, 0))
     new_total = _total(new_offsets)
+    # Nothing to drop: no gather. Not when compiled, where testing the
+    # data-dependent size would break the graph.
+    if not torch.compiler.is_compiling() and new_total == values.shape[0]:
+        return values, offsets
     # Output token j of sequence b is input token j + (dropped tokens of
     # sequences 0..b): a gather with a known size (a boolean mask would not be).
     shift = offsets[1:] - new_offsets[1:]
     seg = pytorch_segment_ids(new_offsets, new_total)
     src = torch.arange(new_total, device=values.device) + shift[seg]
-    return values[src], new_offsets
+    return gather_rows(values, src), new_offsets

@@ -1,0 +1,195 @@
+"""Where GEM's training time goes on the CPU, and what smaller GEMs would buy.
+
+Usage::
+
+    python -m benchmarks.bench_model_cost [--batch-size 1024] [--threads 2]
+        [--rounds 3] [--json FILE]
+
+On a small generated set (300 users, 3 days; windows of the ``default``
+preset's 32 events), in one process:
+
+1. **Cost against DLRM**: training examples/s of GEM's ``default`` preset
+   and of smaller GEMs (one InterFormer layer, one pyramid level, one Wukong
+   layer, both of the first two), each against DLRM run right before it;
+   the batches are built once and replayed, best of ``--rounds``.
+2. **Forward time by module**: GEM's top modules and their children
+   (forward hooks, the mean over the replayed batches).
+3. **Gather backward**: ``trainer.ops.gather_rows`` (``index_select``, whose
+   backward is an ``index_add``) against ``source[index]`` (an accumulating
+   ``index_put`` backward) at the shapes GEM gathers per token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from benchmarks.bench_generator import hardware
+from benchmarks.bench_model_speed import make_data
+from trainer.data.batch import Batch
+from trainer.data.feature_output import ExampleDataset
+from trainer.models.config import ModelConfig, default
+from trainer.models.loss_wrapper import GEMTrain
+from trainer.models.registry import build_model
+from trainer.ops import gather_rows
+from trainer.training.fit_trainer import make_optimizer
+from trainer.training.run_config import FitConfig
+from trainer.training.step import train_step
+
+
+def smaller_gems() -> dict[str, ModelConfig]:
+    """The ``default`` preset and the cuts of it that this benchmark prices."""
+    base = default()
+    replace = dataclasses.replace
+    one_layer = replace(base.interformer, num_layers=1)
+    one_level = replace(base.pyramid, num_levels=1)
+    return {
+        "default": base,
+        "1 InterFormer layer": replace(base, interformer=one_layer),
+        "1 pyramid level": replace(base, pyramid=one_level),
+        "1 Wukong layer": replace(base, wukong=replace(base.wukong, num_layers=1)),
+        "1 layer, 1 level": replace(base, interformer=one_layer, pyramid=one_level),
+    }
+
+
+def examples_per_s(
+    name: str, config: ModelConfig, batches: list[Batch], rounds: int
+) -> float:
+    """Training examples/s of model ``name``: a warm-up step, then the
+    best of ``rounds`` passes over ``batches``."""
+    torch.manual_seed(0)
+    model = GEMTrain(build_model(name, config))
+    optimizer = make_optimizer(model, FitConfig(train=Path(), eval=Path()))
+    train_step(model, batches[0], optimizer)
+    best = 0.0
+    for _ in range(rounds):
+        started, seen = time.perf_counter(), 0
+        for batch in batches:
+            train_step(model, batch, optimizer)
+            seen += batch.size
+        best = max(best, seen / (time.perf_counter() - started))
+    return best
+
+
+def cost_against_dlrm(batches: list[Batch], rounds: int) -> dict[str, dict[str, float]]:
+    """Each GEM of :func:`smaller_gems` against DLRM timed just before it."""
+    out = {}
+    for label, config in smaller_gems().items():
+        dlrm = examples_per_s("dlrm", config, batches, rounds)
+        gem = examples_per_s("gem", config, batches, rounds)
+        out[label] = {"gem": gem, "dlrm": dlrm, "gem_time_vs_dlrm": dlrm / gem}
+        print(
+            f"  {label:20s} GEM {gem:7,.0f} ex/s  DLRM {dlrm:7,.0f}  {dlrm / gem:.2f}x"
+        )
+    return out
+
+
+def forward_ms_by_module(batches: list[Batch], depth: int = 3) -> dict[str, float]:
+    """Mean training-mode forward milliseconds per batch of GEM's modules to
+    ``depth`` levels (a ``ModuleList`` counts as a level)."""
+    torch.manual_seed(0)
+    model = build_model("gem", default())
+    spent: dict[str, float] = {}
+    started: dict[str, float] = {}
+
+    def hook(module: nn.Module, name: str) -> None:
+        def before(*_: Any) -> None:
+            started[name] = time.perf_counter()
+
+        def after(*_: Any) -> None:
+            spent[name] = spent.get(name, 0.0) + time.perf_counter() - started[name]
+
+        module.register_forward_pre_hook(before)
+        module.register_forward_hook(after)
+
+    for name, module in model.named_modules():
+        if name and name.count(".") < depth:
+            hook(module, name)
+    model(batches[0]).sum().backward()  # warm-up
+    spent.clear()
+    for batch in batches:
+        model(batch).sum().backward()
+    ms = {name: 1e3 * s / len(batches) for name, s in spent.items()}
+    return dict(sorted(ms.items(), key=lambda kv: -kv[1]))
+
+
+def gather_backward(tokens: int, batch: int, repeats: int = 10) -> dict[str, Any]:
+    """Forward + backward ms of ``gather_rows`` against ``source[index]``."""
+    torch.manual_seed(0)
+    index = torch.sort(torch.randint(0, batch, (tokens,))).values
+    out: dict[str, Any] = {}
+    for label, shape in (("(B, H, Dh)", (batch, 2, 16)), ("(B, n, D)", (batch, 4, 32))):
+        source = torch.randn(*shape, requires_grad=True)
+        grad = torch.randn(tokens, *shape[1:])
+        ways: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+            "gather_rows": lambda rows: gather_rows(rows, index),
+            "indexing": lambda rows: rows[index],
+        }
+        ms = {}
+        for way, gather in ways.items():
+            gather(source).backward(grad)
+            started = time.perf_counter()
+            for _ in range(repeats):
+                gather(source).backward(grad)
+            ms[way] = 1e3 * (time.perf_counter() - started) / repeats
+        out[label] = {**ms, "speedup": ms["indexing"] / ms["gather_rows"]}
+        print(
+            f"  {label}: gather_rows {ms['gather_rows']:.2f} ms, indexing "
+            f"{ms['indexing']:.2f} ms ({out[label]['speedup']:.1f}x)"
+        )
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--batch-size", type=int, default=1024)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--json", type=Path, default=None)
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    with tempfile.TemporaryDirectory() as tmp:
+        data = ExampleDataset(
+            make_data(Path(tmp)), max_seq_len=default().embedding.max_seq_len
+        )
+        batches = [
+            b
+            for b in data.batches(args.batch_size, shuffle=True, prefetch=0)
+            if b.size == args.batch_size
+        ]
+    # The sequence KJT holds one key per event field; the first key's lengths
+    # are the histories'.
+    tokens = int(sum(b.sequence.lengths()[: b.size].sum() for b in batches))
+    result: dict[str, Any] = {
+        "hardware": hardware(),
+        "threads": args.threads,
+        "batch_size": args.batch_size,
+        "batches": len(batches),
+        "history_events_per_example": tokens / (len(batches) * args.batch_size),
+    }
+    print(f"{len(batches)} batches of {args.batch_size}, {args.threads} threads")
+    print("training time against DLRM's:", flush=True)
+    result["cost"] = cost_against_dlrm(batches, args.rounds)
+    print("forward ms per batch, the 15 slowest modules:", flush=True)
+    result["forward_ms"] = forward_ms_by_module(batches)
+    for name, ms in list(result["forward_ms"].items())[:15]:
+        print(f"  {name:30s} {ms:7.1f}")
+    print("gather forward + backward:", flush=True)
+    per_token = tokens // len(batches)
+    result["gather"] = gather_backward(per_token, args.batch_size)
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,38 @@
+"""The model cost benchmark on the small generated set, one round."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from benchmarks.bench_model_cost import main, smaller_gems
+
+
+def test_each_smaller_gem_cuts_what_its_name_says() -> None:
+    configs = smaller_gems()
+    base = configs["default"]
+    assert configs["1 InterFormer layer"].interformer.num_layers == 1
+    assert configs["1 pyramid level"].pyramid.num_levels == 1
+    assert configs["1 Wukong layer"].wukong.num_layers == 1
+    both = configs["1 layer, 1 level"]
+    assert (both.interformer.num_layers, both.pyramid.num_levels) == (1, 1)
+    assert base.interformer.num_layers > 1
+    assert base.pyramid.num_levels > 1
+    assert base.wukong.num_layers > 1
+
+
+def test_the_benchmark_prices_every_gem_and_splits_the_forward(tmp_path: Path) -> None:
+    out = tmp_path / "cost.json"
+    assert main(["--batch-size", "512", "--rounds", "1", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert set(result["cost"]) == set(smaller_gems())
+    for run in result["cost"].values():
+        assert run["gem"] > 0
+        assert run["dlrm"] > 0
+        assert run["gem_time_vs_dlrm"] == run["dlrm"] / run["gem"]
+    forward = result["forward_ms"]
+    # A module's hooks enclose its children's.
+    assert forward["trunk"] >= forward["trunk.interaction.0"] > 0
+    assert forward["pyramid"] >= forward["pyramid.levels.0"] > 0
+    assert set(result["gather"]) == {"(B, H, Dh)", "(B, n, D)"}
+    assert 0 < result["history_events_per_example"] <= 32
