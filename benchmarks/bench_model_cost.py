@@ -3,7 +3,7 @@
 Usage::
 
     python -m benchmarks.bench_model_cost [--batch-size 1024] [--threads 2]
-        [--rounds 3] [--json FILE]
+        [--repeat 3] [--json FILE]
 
 On a small generated set (300 users, 3 days; windows of the ``default``
 preset's 32 events), in one process:
@@ -11,7 +11,7 @@ preset's 32 events), in one process:
 1. **Cost against DLRM**: training examples/s of GEM's ``default`` preset
    and of smaller GEMs (one InterFormer layer, one pyramid level, one Wukong
    layer, both of the first two), each against DLRM run right before it;
-   the batches are built once and replayed, best of ``--rounds``.
+   the batches are built once and replayed, best of ``--repeat``.
 2. **Forward time by module**: GEM's top modules and their children
    (forward hooks, the mean over the replayed batches).
 3. **Gather backward**: ``trainer.ops.gather_rows`` (``index_select``, whose
@@ -62,16 +62,16 @@ def smaller_gems() -> dict[str, ModelConfig]:
 
 
 def examples_per_s(
-    name: str, config: ModelConfig, batches: list[Batch], rounds: int
+    name: str, config: ModelConfig, batches: list[Batch], repeat: int
 ) -> float:
     """Training examples/s of model ``name``: a warm-up step, then the
-    best of ``rounds`` passes over ``batches``."""
+    best of ``repeat`` passes over ``batches``."""
     torch.manual_seed(0)
     model = GEMTrain(build_model(name, config))
     optimizer = make_optimizer(model, FitConfig(train=Path(), eval=Path()))
     train_step(model, batches[0], optimizer)
     best = 0.0
-    for _ in range(rounds):
+    for _ in range(repeat):
         started, seen = time.perf_counter(), 0
         for batch in batches:
             train_step(model, batch, optimizer)
@@ -80,12 +80,12 @@ def examples_per_s(
     return best
 
 
-def cost_against_dlrm(batches: list[Batch], rounds: int) -> dict[str, dict[str, float]]:
+def cost_against_dlrm(batches: list[Batch], repeat: int) -> dict[str, dict[str, float]]:
     """Each GEM of :func:`smaller_gems` against DLRM timed just before it."""
     out = {}
     for label, config in smaller_gems().items():
-        dlrm = examples_per_s("dlrm", config, batches, rounds)
-        gem = examples_per_s("gem", config, batches, rounds)
+        dlrm = examples_per_s("dlrm", config, batches, repeat)
+        gem = examples_per_s("gem", config, batches, repeat)
         out[label] = {"gem": gem, "dlrm": dlrm, "gem_time_vs_dlrm": dlrm / gem}
         print(
             f"  {label:20s} GEM {gem:7,.0f} ex/s  DLRM {dlrm:7,.0f}  {dlrm / gem:.2f}x"
@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--batch-size", type=int, default=1024)
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     print(f"{len(batches)} batches of {args.batch_size}, {args.threads} threads")
     print("training time against DLRM's:", flush=True)
-    result["cost"] = cost_against_dlrm(batches, args.rounds)
+    result["cost"] = cost_against_dlrm(batches, args.repeat)
     print("forward ms per batch, the 15 slowest modules:", flush=True)
     result["forward_ms"] = forward_ms_by_module(batches)
     for name, ms in list(result["forward_ms"].items())[:15]:

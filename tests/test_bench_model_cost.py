@@ -1,4 +1,4 @@
-"""The model cost benchmark on the small generated set, one round."""
+"""The model cost benchmark on the small generated set, each GEM timed once."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def test_each_smaller_gem_cuts_what_its_name_says() -> None:
 
 def test_the_benchmark_prices_every_gem_and_splits_the_forward(tmp_path: Path) -> None:
     out = tmp_path / "cost.json"
-    assert main(["--batch-size", "512", "--rounds", "1", "--json", str(out)]) == 0
+    assert main(["--batch-size", "512", "--repeat", "1", "--json", str(out)]) == 0
     result = json.loads(out.read_text())
     assert set(result["cost"]) == set(smaller_gems())
     for run in result["cost"].values():
