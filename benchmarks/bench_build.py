@@ -55,6 +55,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.bench_generator import hardware
+from benchmarks.machine import cpu_seconds
 from launchers.flink_job_server import FlinkJobServer
 from pipelines.sources.synthetic import GeneratorConfig, generate_dataset
 
@@ -71,20 +72,20 @@ split = None
 engine = None
 if kind == "beam":
     import os
+    from benchmarks.machine import cpu_seconds, process_stat
     from pipelines import build
     summary = build.run([*runner, "--input", source, "--output", out])
     counts, ran = summary["counts"], summary["runner"]
     # Prism's own CPU: the job server Beam started as a child of this process
     # and keeps running until it exits (Linux /proc; none on the FnApiRunner).
-    for pid in filter(str.isdigit, os.listdir("/proc")):
+    for pid in map(int, filter(str.isdigit, os.listdir("/proc"))):
         try:
-            fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+            parent = int(process_stat(pid)[1])
             exe = os.path.basename(os.readlink(f"/proc/{pid}/exe"))
+            if parent == os.getpid() and exe == "prism":
+                engine = (engine or 0.0) + cpu_seconds(pid)
         except OSError:
             continue
-        if int(fields[1]) == os.getpid() and exe == "prism":
-            ticks = int(fields[11]) + int(fields[12])
-            engine = (engine or 0.0) + ticks / os.sysconf("SC_CLK_TCK")
 else:
     # What ``python -m benchmarks.polars_peer`` and ``python -m
     # pipelines.reference --overwrite`` do, timed by part.
@@ -178,13 +179,6 @@ def _run_job(
     if result["runner"] != expected:
         raise RuntimeError(f"{job}: the job ran on {result['runner']}, not {expected}")
     return result
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of a running process so far (Linux /proc)."""
-    with open(f"/proc/{pid}/stat") as stat:
-        fields = stat.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def scale_config(millions: float) -> GeneratorConfig:

@@ -37,3 +37,16 @@ def machine_and_load() -> dict[str, Any]:
         "cores": os.cpu_count(),
         "load_average_1m": round(os.getloadavg()[0], 1),
     }
+
+
+def process_stat(pid: int) -> list[str]:
+    """The fields of ``/proc/PID/stat`` after the command name (Linux): state,
+    parent pid, ... (``proc(5)``'s fields from the third on)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().rsplit(")", 1)[1].split()
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a running process so far (Linux /proc)."""
+    fields = process_stat(pid)
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
