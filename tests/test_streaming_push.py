@@ -132,3 +132,18 @@ def test_the_job_refuses_a_store_whose_registry_is_not_applied(
 ) -> None:
     with pytest.raises(ValueError, match="apply the repository"):
         check_push_target("local", str(tmp_path), f"t_{uuid.uuid4().hex[:10]}")
+
+
+def test_of_rows_at_one_event_time_the_last_is_pushed() -> None:
+    """A correction pushed at the event time of the row it corrects, in the
+    same bundle, is the row written; the newest time still wins over it."""
+    rows = pa.table(
+        {
+            "user_id": pa.array([7, 7, 8, 7, 8], pa.int64()),
+            "event_timestamp": pa.array([5, 5, 9, 4, 3], pa.int64()),
+            "user_impression_count_7d": [24.0, 23.0, 1.0, 99.0, 2.0],
+        }
+    )
+    newest = newest_per_entity(rows)
+    assert newest.column("user_id").to_pylist() == [7, 8]
+    assert newest.column("user_impression_count_7d").to_pylist() == [23.0, 1.0]

@@ -137,7 +137,9 @@ class PushToFeastFn(beam.DoFn):  # type: ignore[misc]
 
 
 def newest_per_entity(rows: pa.Table) -> pa.Table:
-    """Each entity's newest row (the first of equal times), in entity order.
+    """Each entity's newest row, in entity order; of rows at equal times the
+    last. A later row at the same event time is a correction (pushed again
+    once a duplicate copy lost), so it supersedes the row before it.
 
     The rows' first column is the entity key, as in every pushed table.
     """
@@ -145,8 +147,8 @@ def newest_per_entity(rows: pa.Table) -> pa.Table:
         return rows
     keys = to_int64(rows.column(0))
     times = to_int64(rows.column("event_timestamp"))
-    # Stable: among equal (key, time) the first row comes first.
-    order = np.lexsort((-times, keys))
+    arrival = np.arange(rows.num_rows)
+    order = np.lexsort((-arrival, -times, keys))
     first = np.r_[True, keys[order][1:] != keys[order][:-1]]
     return rows.take(pa.array(order[first]))
 
