@@ -192,6 +192,7 @@ def compute_curve(
         validation=split.validation,
         model=name,
         lr=lr,
+        optimizer=args.optimizer,
         lr_schedule="constant",
         epochs=1,
         batch_size=args.batch_size,

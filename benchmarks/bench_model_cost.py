@@ -3,7 +3,7 @@
 Usage::
 
     python -m benchmarks.bench_model_cost [--batch-size 1024] [--threads 2]
-        [--repeat 3] [--json FILE]
+        [--repeat 3] [--optimizer adam|adam+adagrad] [--json FILE]
 
 On a small generated set (300 users, 3 days; windows of the ``default``
 preset's 32 events), in one process:
@@ -11,12 +11,17 @@ preset's 32 events), in one process:
 1. **Cost against DLRM**: training examples/s of GEM's ``default`` preset
    and of smaller GEMs (one InterFormer layer, one pyramid level, one Wukong
    layer, both of the first two), each against DLRM run right before it;
-   the batches are built once and replayed, best of ``--repeat``.
+   the batches are built once and replayed, best of ``--repeat``. Both
+   train with trainer.fit's ``--optimizer``: under ``adam`` every step
+   updates every table row, under ``adam+adagrad`` only the rows read.
 2. **Forward time by module**: GEM's top modules and their children
    (forward hooks, the mean over the replayed batches).
 3. **Gather backward**: ``trainer.ops.gather_rows`` (``index_select``, whose
    backward is an ``index_add``) against ``source[index]`` (an accumulating
    ``index_put`` backward) at the shapes GEM gathers per token.
+4. **The tables' optimizer**: GEM's, DLRM's and DCNv2's training examples/s
+   under ``adam+adagrad`` (sparse table gradients) against ``adam`` (every
+   row every step), the two timed one after the other, best of ``--repeat``.
 """
 
 from __future__ import annotations
@@ -62,13 +67,18 @@ def smaller_gems() -> dict[str, ModelConfig]:
 
 
 def examples_per_s(
-    name: str, config: ModelConfig, batches: list[Batch], repeat: int
+    name: str,
+    config: ModelConfig,
+    batches: list[Batch],
+    repeat: int,
+    optimizer_name: str,
 ) -> float:
     """Training examples/s of model ``name``: a warm-up step, then the
     best of ``repeat`` passes over ``batches``."""
     torch.manual_seed(0)
     model = GEMTrain(build_model(name, config))
-    optimizer = make_optimizer(model, FitConfig(train=Path(), eval=Path()))
+    fit = FitConfig(train=Path(), eval=Path(), optimizer=optimizer_name)
+    optimizer = make_optimizer(model, fit)
     train_step(model, batches[0], optimizer)
     best = 0.0
     for _ in range(repeat):
@@ -80,12 +90,30 @@ def examples_per_s(
     return best
 
 
-def cost_against_dlrm(batches: list[Batch], repeat: int) -> dict[str, dict[str, float]]:
+def table_optimizer_speedup(
+    batches: list[Batch], repeat: int
+) -> dict[str, dict[str, float]]:
+    """Each model's examples/s under ``adam`` and ``adam+adagrad``."""
+    out = {}
+    for name in ("gem", "dlrm", "dcnv2"):
+        dense = examples_per_s(name, default(), batches, repeat, "adam")
+        sparse = examples_per_s(name, default(), batches, repeat, "adam+adagrad")
+        out[name] = {"adam": dense, "adam+adagrad": sparse, "speedup": sparse / dense}
+        print(
+            f"  {name:6s} adam {dense:7,.0f} ex/s  adam+adagrad {sparse:7,.0f}"
+            f"  {sparse / dense:.2f}x"
+        )
+    return out
+
+
+def cost_against_dlrm(
+    batches: list[Batch], repeat: int, optimizer_name: str
+) -> dict[str, dict[str, float]]:
     """Each GEM of :func:`smaller_gems` against DLRM timed just before it."""
     out = {}
     for label, config in smaller_gems().items():
-        dlrm = examples_per_s("dlrm", config, batches, repeat)
-        gem = examples_per_s("gem", config, batches, repeat)
+        dlrm = examples_per_s("dlrm", config, batches, repeat, optimizer_name)
+        gem = examples_per_s("gem", config, batches, repeat, optimizer_name)
         out[label] = {"gem": gem, "dlrm": dlrm, "gem_time_vs_dlrm": dlrm / gem}
         print(
             f"  {label:20s} GEM {gem:7,.0f} ex/s  DLRM {dlrm:7,.0f}  {dlrm / gem:.2f}x"
@@ -154,6 +182,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-size", type=int, default=1024)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeat", type=int, default=3)
+    p.add_argument(
+        "--optimizer",
+        choices=("adam", "adam+adagrad"),
+        default=FitConfig.optimizer,
+        help="trainer.fit's --optimizer (default: its default), for both models",
+    )
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -173,12 +207,13 @@ def main(argv: list[str] | None = None) -> int:
         "hardware": hardware(),
         "threads": args.threads,
         "batch_size": args.batch_size,
+        "optimizer": args.optimizer,
         "batches": len(batches),
         "history_events_per_example": tokens / (len(batches) * args.batch_size),
     }
     print(f"{len(batches)} batches of {args.batch_size}, {args.threads} threads")
-    print("training time against DLRM's:", flush=True)
-    result["cost"] = cost_against_dlrm(batches, args.repeat)
+    print(f"training time against DLRM's, both under {args.optimizer}:", flush=True)
+    result["cost"] = cost_against_dlrm(batches, args.repeat, args.optimizer)
     print("forward ms per batch, the 15 slowest modules:", flush=True)
     result["forward_ms"] = forward_ms_by_module(batches)
     for name, ms in list(result["forward_ms"].items())[:15]:
@@ -186,6 +221,8 @@ def main(argv: list[str] | None = None) -> int:
     print("gather forward + backward:", flush=True)
     per_token = tokens // len(batches)
     result["gather"] = gather_backward(per_token, args.batch_size)
+    print("the tables' optimizer, examples/s:", flush=True)
+    result["table_optimizer"] = table_optimizer_speedup(batches, args.repeat)
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
     return 0

@@ -424,6 +424,7 @@ def fit_args(args: argparse.Namespace) -> dict[str, Any]:
         "epochs": args.epochs,
         "batch_size": args.batch_size,
         "lr": args.lr,
+        "optimizer": args.optimizer,
         "lr_schedule": args.lr_schedule,
         "max_steps_per_epoch": args.steps,
         "validation_sample": args.validation_sample,
@@ -744,11 +745,18 @@ def finish_run(result: dict[str, Any], started: float, path: Path | None) -> int
 
 
 def add_training_arguments(p: argparse.ArgumentParser) -> None:
-    """The batch size, history length and learning rate flags, with the
+    """The batch size, history length, learning rate and optimizer flags, with
     defaults every model of this benchmark trains with."""
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--max-seq-len", type=int, default=32)
     p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument(
+        "--optimizer",
+        choices=("adam", "adam+adagrad"),
+        default="adam",
+        help="trainer.fit's --optimizer, for every model (the tables in "
+        "benchmarks/README.md that do not name one: adam)",
+    )
 
 
 def add_movielens_argument(p: argparse.ArgumentParser) -> None:

@@ -201,6 +201,7 @@ def run_origin(
         predictions,
         models=args.models.split(",") if args.models else None,
         **recipe_args(args),
+        optimizer=args.optimizer,
         batch_size=args.batch_size,
         max_steps_per_epoch=args.steps,
         validation_sample=args.validation_sample,
@@ -315,6 +316,12 @@ def build_parser() -> argparse.ArgumentParser:
         default="search",
         help="search: --lrs x --epochs with --patience at a constant rate; "
         "default: trainer.fit's own recipe, no flag tuned",
+    )
+    p.add_argument(
+        "--optimizer",
+        choices=("adam", "adam+adagrad"),
+        default=FIT_DEFAULTS["optimizer"],
+        help="trainer.fit's --optimizer, for every model",
     )
     p.add_argument("--lrs", default="1e-3,3e-3", help="the search: rates per model")
     p.add_argument("--epochs", type=int, default=3, help="the search: most per rate")

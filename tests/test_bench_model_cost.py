@@ -23,8 +23,10 @@ def test_each_smaller_gem_cuts_what_its_name_says() -> None:
 
 def test_the_benchmark_prices_every_gem_and_splits_the_forward(tmp_path: Path) -> None:
     out = tmp_path / "cost.json"
-    assert main(["--batch-size", "512", "--repeat", "1", "--json", str(out)]) == 0
+    args = ["--batch-size", "512", "--repeat", "1", "--optimizer", "adam+adagrad"]
+    assert main([*args, "--json", str(out)]) == 0
     result = json.loads(out.read_text())
+    assert result["optimizer"] == "adam+adagrad"
     assert set(result["cost"]) == set(smaller_gems())
     for run in result["cost"].values():
         assert run["gem"] > 0
@@ -35,4 +37,7 @@ def test_the_benchmark_prices_every_gem_and_splits_the_forward(tmp_path: Path) -
     assert forward["trunk"] >= forward["trunk.interaction.0"] > 0
     assert forward["pyramid"] >= forward["pyramid.levels.0"] > 0
     assert set(result["gather"]) == {"(B, H, Dh)", "(B, n, D)"}
+    assert set(result["table_optimizer"]) == {"gem", "dlrm", "dcnv2"}
+    for run in result["table_optimizer"].values():
+        assert run["speedup"] == run["adam+adagrad"] / run["adam"] > 0
     assert 0 < result["history_events_per_example"] <= 32

@@ -27,6 +27,7 @@ from trainer.data.feature_output import (
 from trainer.training import fit as fit_module
 from trainer.training import fit_trainer
 from trainer.training.device import resolve_device
+from trainer.training.step import clip_grad_norm
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = GeneratorConfig(users=300, ads=60, days=3, seed=7)
@@ -256,6 +257,24 @@ def test_time_limit_stops_before_the_next_epoch(
     assert report["config"]["device"] == "cpu"
 
 
+def _seeded_trainer(
+    cfg: fit_module.FitConfig, data: ExampleDataset, seed: int = 0
+) -> fit_trainer.FitTrainer:
+    """A CPU, float32 trainer of ``cfg`` for three steps on ``data``,
+    initialised from ``seed``."""
+    import torch
+
+    torch.manual_seed(seed)
+    return fit_trainer.FitTrainer(
+        cfg,
+        fit_module.resolved_model_config(cfg),
+        fit_module.base_rate_logits(data),
+        torch.device("cpu"),
+        fit_module.autocast_for(torch.device("cpu"), "fp32"),
+        total_steps=3,
+    )
+
+
 def test_fit_trainer_state_resumes_the_same_run(
     split: tuple[Path, Path, int],
 ) -> None:
@@ -273,26 +292,13 @@ def test_fit_trainer_state_resumes_the_same_run(
         lr_schedule="cosine",
     )
     data = ExampleDataset(train, max_seq_len=32)
-    config = fit_module.resolved_model_config(cfg)
     batches = list(data.batches(64, shuffle=True, seed=0, max_batches=3))
-
-    def trainer() -> fit_trainer.FitTrainer:
-        torch.manual_seed(0)
-        return fit_trainer.FitTrainer(
-            cfg,
-            config,
-            fit_module.base_rate_logits(data),
-            torch.device("cpu"),
-            fit_module.autocast_for(torch.device("cpu"), "fp32"),
-            total_steps=3,
-        )
-
-    whole, saved = trainer(), trainer()
+    whole, saved = _seeded_trainer(cfg, data), _seeded_trainer(cfg, data)
     for batch in batches[:2]:
         whole.step(batch)
         saved.step(batch)
-    torch.manual_seed(1)  # another init: the state must overwrite all of it
-    resumed = trainer()
+    # Another init: the state must overwrite all of it.
+    resumed = _seeded_trainer(cfg, data, seed=1)
     # From a trainer that steps no more: the optimizers may share its tensors.
     resumed.load_state_dict(saved.state_dict())
     assert resumed.steps == whole.steps == 2
@@ -300,6 +306,77 @@ def test_fit_trainer_state_resumes_the_same_run(
     assert losses[0] == pytest.approx(losses[1], rel=1e-6)
     for name, tensor in whole.state_dict()["model"].items():
         torch.testing.assert_close(resumed.state_dict()["model"][name], tensor)
+
+
+@pytest.mark.parametrize("model", ["dlrm", "gem"])
+def test_adagrad_tables_step_on_sparse_gradients_as_on_dense_ones(
+    split: tuple[Path, Path, int], model: str
+) -> None:
+    """Under ``adam+adagrad`` the tables' gradients hold only the rows read,
+    and the run (clipping included) equals one on dense table gradients."""
+    import torch
+    from torch import nn
+
+    train, evals, _ = split
+    cfg = fit_module.FitConfig(
+        train=train,
+        eval=evals,
+        model=model,
+        preset="tiny",
+        max_seq_len=32,
+        optimizer="adam+adagrad",
+        embedding_lr=0.5,
+        max_grad_norm=0.05,  # below some steps' norms: clipping runs
+    )
+    data = ExampleDataset(train, max_seq_len=32)
+    batches = list(data.batches(64, shuffle=True, seed=0, max_batches=3))
+
+    def tables(t: fit_trainer.FitTrainer) -> list[nn.Module]:
+        kinds = nn.Embedding | nn.EmbeddingBag
+        return [m for m in t.model.modules() if isinstance(m, kinds)]
+
+    sparse, dense = _seeded_trainer(cfg, data), _seeded_trainer(cfg, data)
+    for table in tables(dense):
+        table.sparse = False
+    norms: dict[str, list[float]] = {"sparse": [], "dense": []}
+    for batch in batches:
+        for label, t in (("sparse", sparse), ("dense", dense)):
+            t.step(batch)
+            params = list(t.model.parameters())
+            norms[label].append(clip_grad_norm(params, float("inf")).item())
+    assert all(t.weight.grad.is_sparse for t in tables(sparse))
+    assert not any(t.weight.grad.is_sparse for t in tables(dense))
+    assert norms["sparse"] == pytest.approx(norms["dense"], rel=1e-5)
+    assert pytest.approx(0.05, rel=1e-4) in norms["dense"]  # a clipped step
+    moved = 0
+    for name, tensor in dense.state_dict()["model"].items():
+        torch.testing.assert_close(sparse.state_dict()["model"][name], tensor)
+        initial = _seeded_trainer(cfg, data).state_dict()["model"][name]
+        moved += int(not torch.equal(tensor, initial))
+    assert moved > 0
+
+
+def test_clip_grad_norm_matches_torch_on_dense_gradients() -> None:
+    """The clip equals ``nn.utils.clip_grad_norm_``; with an infinite bound
+    it measures and leaves the gradients as they are."""
+    import torch
+    from torch import nn
+
+    def layers() -> list[nn.Parameter]:
+        torch.manual_seed(0)
+        net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+        (net(torch.randn(16, 4)).sum() * 100).backward()
+        return list(net.parameters())
+
+    ours, theirs, unclipped = layers(), layers(), layers()
+    norm = clip_grad_norm(ours, 1.0)
+    torch.testing.assert_close(norm, nn.utils.clip_grad_norm_(theirs, 1.0))
+    for a, b in zip(ours, theirs, strict=True):
+        torch.testing.assert_close(a.grad, b.grad)
+    before = [p.grad.clone() for p in unclipped]
+    torch.testing.assert_close(clip_grad_norm(unclipped, float("inf")), norm)
+    for p, grad in zip(unclipped, before, strict=True):
+        assert torch.equal(p.grad, grad)
 
 
 def test_cosine_schedule_anneals_every_step_to_zero(

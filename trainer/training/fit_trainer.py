@@ -2,10 +2,13 @@
 learning-rate schedule, one :meth:`FitTrainer.step` per batch.
 
 Optimizer: ``adam`` (default) is plain Adam on every parameter, the choice
-that works on any CPU. ``adam+adagrad`` is the paper's split: Adam
-for dense parameters, Adagrad for embedding tables (element-wise, since
-PyTorch has no row-wise Adagrad; with dense gradients a row that got no
-gradient is left untouched, unlike Adam whose momentum keeps moving it).
+that works on any CPU. ``adam+adagrad`` is the paper's split: Adam for dense
+parameters, Adagrad for embedding tables (element-wise, since PyTorch has no
+row-wise Adagrad). A table row that got no gradient is left untouched,
+unlike under Adam, whose momentum keeps moving it; so the tables' gradients
+are sparse, and a step costs the rows read, not the whole table
+(``docs/decisions/0026-adagrad-tables-on-sparse-gradients.md`` compares the
+two).
 
 Every model's output gets a learnable (domain, objective) offset initialised
 to given logits (:class:`BaseRateOffset`: the train base rates), so short
@@ -32,19 +35,31 @@ from trainer.training.step import compile_model, train_step
 
 
 def make_optimizer(model: nn.Module, cfg: FitConfig) -> torch.optim.Optimizer:
-    """Adam for all, or Adam (dense) + Adagrad (embedding tables)."""
+    """Adam for all, or Adam (dense) + Adagrad (embedding tables).
+
+    Under ``adam+adagrad`` the tables of an eager ``model`` are switched to
+    sparse gradients: Adagrad leaves a row without gradient as it is, so a
+    gradient of the rows the batch read gives the same update as a dense one,
+    without a table-sized gradient to zero, clip and step every batch. Under
+    ``cfg.compile`` they stay dense: a compiled graph cannot produce a sparse
+    gradient, whose size depends on the data.
+    """
     if cfg.optimizer == "adam":
         return adam(model.parameters(), lr=cfg.lr)
     if cfg.optimizer != "adam+adagrad":
         raise ValueError(f"unknown optimizer {cfg.optimizer!r}")
-    tables = {
-        id(p)
-        for m in model.modules()
-        if isinstance(m, nn.Embedding | nn.EmbeddingBag)
-        for p in m.parameters(recurse=False)
-    }
-    dense = [p for p in model.parameters() if id(p) not in tables]
-    sparse = [p for p in model.parameters() if id(p) in tables]
+    tables = [
+        m for m in model.modules() if isinstance(m, nn.Embedding | nn.EmbeddingBag)
+    ]
+    if cfg.compile is None:
+        for table in tables:
+            table.sparse = True
+        # torch's default, made explicit so that it does not warn: Adagrad
+        # builds its sparse tensors from coalesced gradients.
+        torch.sparse.check_sparse_tensor_invariants.disable()
+    table_weights = {id(p) for t in tables for p in t.parameters(recurse=False)}
+    dense = [p for p in model.parameters() if id(p) not in table_weights]
+    sparse = [p for p in model.parameters() if id(p) in table_weights]
     return _Combined(
         adam(dense, lr=cfg.lr),
         torch.optim.Adagrad(sparse, lr=cfg.embedding_lr),
