@@ -88,17 +88,16 @@ def clip_grad_norm(parameters: Iterable[nn.Parameter], max_norm: float) -> torch
         >>> round(clip_grad_norm(layer.parameters(), 1.0).item(), 4)
         1.0
     """
-    grads = [p.grad for p in parameters if p.grad is not None]
-    dense = [g for g in grads if not g.is_sparse]
-    # A sparse gradient may name a row twice: its norm is its coalesced one.
-    sparse = [g.coalesce().values() for g in grads if g.is_sparse]
-    if not grads:
+    with_grads = [p for p in parameters if p.grad is not None]
+    if not with_grads:
         return torch.zeros(())
-    total = nn.utils.get_total_norm(dense + sparse)
+    grads = [p.grad for p in with_grads]
+    # A sparse gradient may name a row twice: its norm is its coalesced one.
+    total = nn.utils.get_total_norm(
+        [g.coalesce().values() if g.is_sparse else g for g in grads]
+    )
     if math.isfinite(max_norm):
-        scale = torch.clamp(max_norm / (total + 1e-6), max=1.0)
-        for grad in grads:
-            grad.mul_(scale.to(grad.device))
+        nn.utils.clip_grads_with_norm_(with_grads, max_norm, total)
     return total
 
 
