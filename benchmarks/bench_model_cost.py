@@ -47,7 +47,7 @@ from trainer.models.loss_wrapper import GEMTrain
 from trainer.models.registry import build_model
 from trainer.ops import gather_rows
 from trainer.training.fit_trainer import make_optimizer
-from trainer.training.run_config import FitConfig
+from trainer.training.run_config import OPTIMIZERS, FitConfig
 from trainer.training.step import train_step
 
 
@@ -184,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument(
         "--optimizer",
-        choices=("adam", "adam+adagrad"),
+        choices=OPTIMIZERS,
         default=FitConfig.optimizer,
         help="trainer.fit's --optimizer (default: its default), for both models",
     )

@@ -90,6 +90,7 @@ from trainer.data.feature_output import (
 from trainer.models.config import ModelConfig, preset
 from trainer.models.registry import MODEL_NAMES
 from trainer.training.fit import FitConfig, fit
+from trainer.training.run_config import OPTIMIZERS
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 TABLE_CAP = 20_011
@@ -752,7 +753,7 @@ def add_training_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument(
         "--optimizer",
-        choices=("adam", "adam+adagrad"),
+        choices=OPTIMIZERS,
         default="adam",
         help="trainer.fit's --optimizer, for every model (the tables in "
         "benchmarks/README.md that do not name one: adam)",

@@ -66,7 +66,7 @@ from benchmarks.slices import slice_keys, slice_metrics, slice_table
 from features.vocab import DOMAINS, TRAINING_OBJECTIVES
 from trainer.data.feature_output import cut_at_fraction, read_examples, split_periods
 from trainer.models.registry import MODEL_NAMES
-from trainer.training.run_config import FitConfig
+from trainer.training.run_config import OPTIMIZERS, FitConfig
 
 TASKS = [f"{d}/{o}" for d in DOMAINS for o in TRAINING_OBJECTIVES]
 FIT_DEFAULTS = {f.name: f.default for f in dataclasses.fields(FitConfig)}
@@ -319,7 +319,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--optimizer",
-        choices=("adam", "adam+adagrad"),
+        choices=OPTIMIZERS,
         default=FIT_DEFAULTS["optimizer"],
         help="trainer.fit's --optimizer, for every model",
     )

@@ -29,6 +29,9 @@ PRECISIONS: Final = ("fp32", "bf16")
 LR_SCHEDULES: Final = ("plateau", "constant", "cosine")
 """What ``--lr-schedule`` takes (the rates: :mod:`trainer.training.fit_trainer`)."""
 
+OPTIMIZERS: Final = ("adam", "adam+adagrad")
+"""What ``--optimizer`` takes (:func:`trainer.training.fit_trainer.make_optimizer`)."""
+
 MODEL_NAMES: Final = (
     "gem",
     "gem_no_seq",
@@ -115,7 +118,7 @@ class FitConfig(ModelRunConfig):
     optimizer: str = flag_field(
         "adam",
         "adam: one Adam for everything; adam+adagrad: Adagrad for the embedding tables",
-        choices=("adam", "adam+adagrad"),
+        choices=OPTIMIZERS,
     )
     max_grad_norm: float = 10.0
     max_steps_per_epoch: int | None = flag_field(
