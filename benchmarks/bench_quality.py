@@ -804,8 +804,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--recalibrate",
         action="store_true",
-        help="shift each model's output biases to calibrate it on the whole "
-        "validation period after selection (trainer.fit --recalibrate)",
+        help="recalibrate each model on the validation period and choose its "
+        "epoch after that shift, as trainer.fit does by default (without "
+        "this flag: --no-recalibrate, the recorded tables' setting)",
     )
     p.add_argument(
         "--prepare-only",

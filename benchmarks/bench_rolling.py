@@ -4,7 +4,7 @@ Usage::
 
     python -m benchmarks.bench_rolling [--section generated|movielens]
         [--cuts 4] [--users 4000 --ads 400 --days 8] [--fractions 0.8,0.85,0.9,0.95]
-        [--models gem,dlrm,...] [--recipe search|default]
+        [--models gem,dlrm,...] [--recipe search|default] [--no-recalibrate]
         [--lrs 1e-3,3e-3] [--epochs 3] [--patience 1]
         [--steps N] [--batch-size 256] [--max-seq-len 32] [--bootstrap 200]
         [--work DIR] [--json FILE]
@@ -36,7 +36,9 @@ domain, hours since the origin). Every model gets the same
 budget and the same search, so each has its own best recipe from it; with
 ``--recipe default`` each gets ``trainer.fit``'s defaults instead (up to 8
 epochs, the plateau schedule and patience 2 on the origin's validation
-period), what a user who tunes nothing would run.
+period), what a user who tunes nothing would run. Either way every model is
+recalibrated on the origin's validation period and its epochs are chosen
+after that shift, as ``trainer.fit`` does unless told ``--no-recalibrate``.
 """
 
 from __future__ import annotations
@@ -202,6 +204,7 @@ def run_origin(
         models=args.models.split(",") if args.models else None,
         **recipe_args(args),
         optimizer=args.optimizer,
+        recalibrate=args.recalibrate,
         batch_size=args.batch_size,
         max_steps_per_epoch=args.steps,
         validation_sample=args.validation_sample,
@@ -322,6 +325,12 @@ def build_parser() -> argparse.ArgumentParser:
         choices=OPTIMIZERS,
         default=FIT_DEFAULTS["optimizer"],
         help="trainer.fit's --optimizer, for every model",
+    )
+    p.add_argument(
+        "--no-recalibrate",
+        dest="recalibrate",
+        action="store_false",
+        help="trainer.fit's --no-recalibrate, for every model",
     )
     p.add_argument("--lrs", default="1e-3,3e-3", help="the search: rates per model")
     p.add_argument("--epochs", type=int, default=3, help="the search: most per rate")

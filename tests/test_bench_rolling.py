@@ -74,21 +74,35 @@ def test_the_summary_averages_origins_and_counts_where_gem_leads(
 
 
 @pytest.mark.parametrize(
-    ("recipe", "expected"),
+    ("recipe", "extra", "expected"),
     [
-        ("default", {"epochs": 8, "patience": 2, "lr_schedule": "plateau"}),
-        ("search", {"epochs": 2, "patience": 1, "lr_schedule": "constant"}),
+        (
+            "default",
+            [],
+            {"epochs": 8, "patience": 2, "lr_schedule": "plateau", "recalibrate": True},
+        ),
+        (
+            "search",
+            ["--no-recalibrate"],
+            {
+                "epochs": 2,
+                "patience": 1,
+                "lr_schedule": "constant",
+                "recalibrate": False,
+            },
+        ),
     ],
 )
 def test_each_recipe_reaches_the_fit_of_every_origin(
-    recipe: str, expected: dict, tmp_path: Path
+    recipe: str, extra: list[str], expected: dict, tmp_path: Path
 ) -> None:
     """--recipe default leaves every choice to trainer.fit's defaults, on the
-    origin's validation period; the search fixes its grid and a constant rate."""
+    origin's validation period; the search fixes its grid and a constant rate;
+    both recalibrate unless told not to."""
     out = tmp_path / "rolling.json"
     argv = ["--users", "150", "--ads", "30", "--days", "3", "--cuts", "1"]
     argv += ["--models", "dlrm", "--steps", "2", "--max-seq-len", "8"]
-    argv += ["--recipe", recipe, "--lrs", "2e-3", "--epochs", "2"]
+    argv += ["--recipe", recipe, "--lrs", "2e-3", "--epochs", "2", *extra]
     argv += ["--bootstrap", "10", "--work", str(tmp_path / "w"), "--json", str(out)]
     assert main(argv) == 0
     (origin,) = json.loads(out.read_text())["origins"]

@@ -138,7 +138,7 @@ COMMANDS: dict[str, set[str]] = {
         "--precision",
         "--patience",
         "--max-train-seconds",
-        "--recalibrate",
+        "--no-recalibrate",
         "--compile",
         "--metrics-out",
         "--save",

@@ -6,7 +6,6 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -213,33 +212,22 @@ def test_a_holdout_of_one_instant_is_refused(tmp_path: Path) -> None:
         fit_module.hold_out_latest(same, 0.1)
 
 
-@pytest.mark.parametrize(
-    ("flags", "setting", "match"),
-    [
-        (["--patience", "1"], {"patience": 1}, "--patience needs a validation period"),
-        (["--recalibrate"], {"recalibrate": True}, "needs a validation period"),
-    ],
-    ids=["patience", "recalibrate"],
-)
-def test_an_option_that_needs_validation_is_refused_without_it(
-    flags: list[str],
-    setting: dict[str, Any],
-    match: str,
+def test_patience_is_refused_without_a_validation_period(
     split: tuple[Path, Path, int],
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     train, evals, _ = split
-    argv = ["--train", str(train), "--eval", str(evals), *flags]
+    argv = ["--train", str(train), "--eval", str(evals), "--patience", "1"]
     argv += ["--holdout", "0"]
     assert fit_command.main([*argv, "--metrics-out", str(tmp_path / "x.json")]) == 2
     assert capsys.readouterr().err.strip() == (
-        f"python -m trainer.fit: error: {flags[0]} needs a validation period; "
+        "python -m trainer.fit: error: --patience needs a validation period; "
         "add --validation DIR, or a --holdout share above 0"
     )
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(ValueError, match="--patience needs a validation period"):
         fit_module.fit(
-            fit_module.FitConfig(train=train, eval=evals, holdout=0, **setting)
+            fit_module.FitConfig(train=train, eval=evals, holdout=0, patience=1)
         )
 
 
@@ -421,10 +409,13 @@ def test_recalibration_calibrates_the_validation_period_and_keeps_rankings(
         *("--model", "dlrm", "--epochs", "1", "--max-steps-per-epoch", "3"),
         *("--lr", "2e-2", "--validation", str(evals)),
     )
-    plain = _run((train, evals, cut), tmp_path / "p.json", *common)
-    recalibrated = _run(
-        (train, evals, cut), tmp_path / "r.json", *common, "--recalibrate"
+    plain = _run((train, evals, cut), tmp_path / "p.json", *common, "--no-recalibrate")
+    recalibrated = _run((train, evals, cut), tmp_path / "r.json", *common)
+    assert (plain["recipe"]["recalibrate"], recalibrated["recipe"]["recalibrate"]) == (
+        False,
+        True,
     )
+    assert plain["train"]["recalibration_shifts"] is None
     shifts = recalibrated["train"]["recalibration_shifts"]
     assert any(abs(v) > 1e-3 for v in shifts.values())
     checked = 0
@@ -437,6 +428,19 @@ def test_recalibration_calibrates_the_validation_period_and_keeps_rankings(
         else:
             assert shifts[task] == 0.0
     assert checked >= 3
+    # Epochs are scored after the shifts: validated on the eval dir itself,
+    # the recalibrated model's eval NE is the chosen epoch's score.
+    common = (*common[:2], "--epochs", "3", *common[4:])
+    chosen = _run((train, evals, cut), tmp_path / "c.json", *common)
+    t = chosen["train"]
+    scores = t["epoch_validation_click_ne"]
+    before = t["epoch_validation_click_calibration"]
+    assert len(scores) == len(before) == t["epochs_run"] > 1
+    assert t["selected_epoch"] == min(range(len(scores)), key=scores.__getitem__)
+    assert chosen["overall"]["click"]["ne"] == pytest.approx(
+        scores[t["selected_epoch"]], abs=1e-5
+    )
+    assert abs(before[t["selected_epoch"]] - 1.0) > 1e-3
 
 
 @pytest.mark.skipif(

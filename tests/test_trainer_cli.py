@@ -252,7 +252,7 @@ def test_fit_bad_input_is_one_line(
     base = ["--eval", str(periods["eval"]), "--metrics-out", str(tmp_path / "m")]
     assert fit_command.main(["--train", str(tmp_path / "nope"), *base]) == 2
     assert "--train" in _one_line_error(capsys, "trainer.fit")
-    argv = ["--train", str(periods["train"]), *base, "--recalibrate"]
+    argv = ["--train", str(periods["train"]), *base, "--patience", "1"]
     assert fit_command.main([*argv, "--holdout", "0"]) == 2
     assert "needs a validation period" in _one_line_error(capsys, "trainer.fit")
     broken = tmp_path / "broken"

@@ -23,7 +23,9 @@ three time periods; without --validation the latest --holdout share of
 --train is the validation period. With no tuning flag the recipe is: up to
 {DEFAULT_MAX_EPOCHS} epochs, each scored on validation; an epoch that does
 not better it goes back to the best one at half the rate, {DEFAULT_PATIENCE}
-such epochs in a row end the run, and the best epoch is the one evaluated.
+such epochs in a row end the run, and the best epoch is the one evaluated,
+its output biases shifted so that the validation period is calibrated
+(epochs are compared after that shift; --no-recalibrate keeps them).
 The report (--metrics-out) holds NE / AUC / calibration per (domain,
 objective); --save writes the trained model as a checkpoint that
 carries its configuration (what python -m trainer.distill reads)."""
@@ -50,13 +52,11 @@ def run(args: argparse.Namespace) -> int:
     """Check the input, train, write the report (and the checkpoint)."""
     cfg = FitConfig(**config_fields(args, FitConfig))
     outputs = FitOutputs(**config_fields(args, FitOutputs))
-    chooses = {"--recalibrate": cfg.recalibrate, "--patience": cfg.patience}
-    for name, asked in chooses.items():
-        if asked and cfg.validation is None and cfg.holdout == 0:
-            raise CommandError(
-                f"{name} needs a validation period",
-                "add --validation DIR, or a --holdout share above 0",
-            )
+    if cfg.patience is not None and cfg.validation is None and cfg.holdout == 0:
+        raise CommandError(
+            "--patience needs a validation period",
+            "add --validation DIR, or a --holdout share above 0",
+        )
     feature_dir("--train", cfg.train)
     feature_dir("--eval", cfg.eval)
     if cfg.validation is not None:

@@ -70,3 +70,23 @@ def calibration_shifts(
                 continue
             out[d, o] = _shift(logits[rows, o], positives)
     return out
+
+
+def recalibrated(
+    probs: npt.NDArray[np.floating],
+    labels: npt.NDArray[np.floating],
+    domain: npt.NDArray[np.integer],
+) -> npt.NDArray[np.float64]:
+    """``probs`` shifted by the :func:`calibration_shifts` fitted on these
+    same rows: what a model recalibrated on this period predicts for it.
+
+    Example:
+        >>> p = np.array([[0.1, 0.01], [0.1, 0.01], [0.3, 0.01], [0.3, 0.01]] * 5)
+        >>> y = np.array([[0, 0], [1, 0], [1, 0], [1, 0]] * 5)
+        >>> out = recalibrated(p, y, np.zeros(20, int))
+        >>> round(float(out[:, 0].mean()), 3), round(float(out[0, 1]), 6)
+        (0.75, 0.01)
+    """
+    p = np.clip(np.asarray(probs, np.float64), 1e-7, 1 - 1e-7)
+    logits = np.log(p) - np.log1p(-p) + calibration_shifts(p, labels, domain)[domain]
+    return 1.0 / (1.0 + np.exp(-logits))

@@ -1,7 +1,13 @@
 """The epochs of an offline run: each a seeded pass over the training set,
 then scored on a fixed sample of it and on the validation period, whose best
 epoch is kept; patience ends the run, and under the plateau schedule an epoch
-that does not better the best goes back to it at half the rates."""
+that does not better the best goes back to it at half the rates.
+
+When the run recalibrates, an epoch is scored by its validation NE after the
+recalibration shifts fitted on that period: the model served is the shifted
+one, and a model's level (its mean predicted rate) moves by tens of percent
+from one epoch to the next, which would otherwise decide the choice
+(``docs/decisions/0027-recalibrated-by-default.md``)."""
 
 from __future__ import annotations
 
@@ -15,7 +21,10 @@ import pyarrow.compute as pc
 import torch
 
 from features.cli import progress
+from features.metrics import normalized_entropy
+from features.vocab import TRAINING_OBJECTIVES
 from trainer.data.feature_output import ExampleDataset
+from trainer.metrics.calibration import recalibrated
 from trainer.training.evaluation import click_ne, evaluate_dataset
 from trainer.training.fit_trainer import FitTrainer
 from trainer.training.run_config import FitConfig
@@ -29,6 +38,7 @@ class EpochHistory:
     epoch_loss: list[float] = dataclasses.field(default_factory=list)
     train_ne: list[float | None] = dataclasses.field(default_factory=list)
     validation_ne: list[float | None] = dataclasses.field(default_factory=list)
+    validation_calibration: list[float | None] = dataclasses.field(default_factory=list)
     lr: list[float] = dataclasses.field(default_factory=list)
     best: tuple[float, int, dict[str, Any]] | None = None
     epochs_run: int = 0
@@ -48,6 +58,7 @@ class EpochHistory:
             "epoch_loss": self.epoch_loss,
             "epoch_train_click_ne": self.train_ne,
             "epoch_validation_click_ne": self.validation_ne,
+            "epoch_validation_click_calibration": self.validation_calibration,
             "epoch_lr": self.lr,
             "selected_epoch": self.epochs_run - 1
             if self.best is None
@@ -67,11 +78,13 @@ def _sample(rows: int, size: int | None, seed: list[int]) -> np.ndarray | None:
 @dataclasses.dataclass(frozen=True)
 class Recipe:
     """What the run does between epochs, its defaults resolved: how many at
-    most, when to stop, and whether a worse epoch halves the rates."""
+    most, when to stop, whether a worse epoch halves the rates, and whether
+    epochs are scored (and the chosen one served) recalibrated."""
 
     epochs: int
     patience: int | None
     plateau: bool
+    recalibrate: bool = False
 
 
 def has_clicks(data: ExampleDataset) -> bool:
@@ -117,13 +130,14 @@ def train_epochs(
         line += f", train click NE {_fmt(history.train_ne[-1])}"
         improved = False
         if validation is not None:
-            with trainer.autocast:
-                scores = evaluate_dataset(
-                    trainer.model, validation, rows=validation_rows
-                )
-            score = click_ne(scores)
+            score, calib = validation_click_ne(
+                trainer, validation, validation_rows, recipe.recalibrate
+            )
             history.validation_ne.append(score)
+            history.validation_calibration.append(calib)
             line += f", validation click NE {_fmt(score)}"
+            if recipe.recalibrate:
+                line += f" after recalibration (calibration {_fmt(calib)} before)"
             if score is not None and (history.best is None or score < history.best[0]):
                 history.best = (score, epoch, trainer.snapshot())
                 improved = True
@@ -147,6 +161,32 @@ def train_epochs(
                 file=sys.stderr,
             )
     return history
+
+
+def validation_click_ne(
+    trainer: FitTrainer,
+    validation: ExampleDataset,
+    rows: np.ndarray | None,
+    recalibrate: bool,
+) -> tuple[float | None, float | None]:
+    """Click NE on ``validation`` (its ``rows``), after the period's own
+    recalibration shifts when ``recalibrate``, and the click calibration
+    before them (None where the rows hold no click)."""
+    seen: dict[str, np.ndarray] = {}
+    with trainer.autocast:
+        scores = evaluate_dataset(
+            trainer.model, validation, rows=rows, predictions_out=seen
+        )
+    ne = click_ne(scores)
+    if ne is None:
+        return None, None
+    before = scores["overall"]["click"]["calibration"]
+    if not recalibrate:
+        return ne, before
+    click = TRAINING_OBJECTIVES.index("click")
+    labels = seen["labels"][:, click]
+    shifted = recalibrated(seen["probs"], seen["labels"], seen["domain"])
+    return float(normalized_entropy(labels, shifted[:, click])), before
 
 
 def out_of_patience(history: EpochHistory, patience: int | None) -> bool:

@@ -82,7 +82,8 @@ def recalibrate(
 
     Returns the shifts by ``"domain/objective"`` (logits).
     """
-    offsets = model.model
+    # Under torch.compile the wrapper is the compiled module's original.
+    offsets = getattr(model.model, "_orig_mod", model.model)
     if not isinstance(offsets, BaseRateOffset):
         raise TypeError("recalibration needs the BaseRateOffset wrapper")
     seen: dict[str, np.ndarray] = {}

@@ -33,11 +33,12 @@ forward under bf16 autocast (GPU only); the default ``fp32`` keeps the
 logits exact, which the NE/calibration comparisons between models want
 (TF32 matmuls are allowed on the GPU either way).
 
-``--recalibrate`` (with ``--validation``): after the best epoch is restored,
-each (domain, objective) output bias is shifted so that the *whole*
-validation period's predicted positives equal its observed ones
-(:mod:`trainer.metrics.calibration`); rankings stay as they are, the shifts are
-in the report.
+Recalibration, with a validation period and without ``--no-recalibrate``:
+after the best epoch is restored, each (domain, objective) output bias is
+shifted so that the *whole* validation period's predicted positives equal its
+observed ones (:mod:`trainer.metrics.calibration`); rankings stay as they are,
+the shifts are in the report. Epochs are then chosen on the validation NE after
+the shifts fitted on that period (:mod:`trainer.training.epochs`).
 
 ``--max-train-seconds``: a wall-clock safety net for shared or leased
 machines: no new epoch starts once the limit has passed (the report says
@@ -51,8 +52,8 @@ sizes reuse one graph. Train and eval mode, and a smaller last batch, each
 compile once more. Worth it on a GPU; on a CPU only once the first steps
 have paid for the compile (``benchmarks/README.md``).
 
-``--save DIR``: the model evaluated (the selected epoch, recalibrated when
-asked) is written as a :mod:`trainer.training.checkpoint` file in ``DIR``,
+``--save DIR``: the model evaluated (the selected epoch, recalibrated unless
+told not to) is written as a :mod:`trainer.training.checkpoint` file in ``DIR``,
 with its model name, preset and :class:`~trainer.models.config.ModelConfig`
 (:func:`trainer.training.checkpoint.model_record`), so distillation reads the
 teacher's configuration from it.
@@ -173,12 +174,14 @@ def fit(
         epochs=epochs,
         patience=cfg.stop_after(validated=validation is not None),
         plateau=cfg.lr_schedule == "plateau" and validation is not None,
+        recalibrate=cfg.recalibrate and validation is not None,
     )
     history = train_epochs(cfg, recipe, trainer, train, validation, steps_per_epoch)
     if history.best is not None:
         trainer.restore(history.best[2])
     shifts = None
-    if cfg.recalibrate and validation is not None:
+    if recipe.recalibrate:
+        assert validation is not None
         shifts = recalibrate(trainer.model, validation, autocast)
     with autocast:
         metrics = evaluate_dataset(
@@ -209,6 +212,7 @@ def fit(
             "patience": recipe.patience,
             "lr_schedule": "plateau" if recipe.plateau else _fixed(cfg.lr_schedule),
             "validation": validation_source,
+            "recalibrate": recipe.recalibrate,
         },
         "train": {
             "examples": len(train),
@@ -251,10 +255,8 @@ def _validation_period(
     if validation is None and cfg.holdout > 0:
         train, validation, held_out_from = hold_out_latest(train, cfg.holdout)
         source = f"holdout of --train from {held_out_from} ms"
-    chooses = {"--recalibrate": cfg.recalibrate, "--patience": cfg.patience}
-    for name, asked in chooses.items():
-        if asked and validation is None:
-            raise ValueError(f"{name} needs a validation period")
+    if cfg.patience is not None and validation is None:
+        raise ValueError("--patience needs a validation period")
     if validation is not None and not has_clicks(validation):
         print(
             "the validation period holds no click: no epoch is chosen on it "

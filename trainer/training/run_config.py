@@ -145,9 +145,11 @@ class FitConfig(ModelRunConfig):
         None, "start no new epoch after this many seconds (a safety net)"
     )
     recalibrate: bool = flag_field(
-        False,
-        "after training, shift each task's output bias so the whole "
-        "validation period is calibrated (needs a validation period)",
+        True,
+        "keep the output biases as trained (by default, with a validation "
+        "period, each task's bias is shifted after training so that the "
+        "whole period is calibrated, and epochs are chosen on the NE after "
+        "that shift)",
     )
     compile: str | None = flag_field(
         None,
