@@ -3,7 +3,8 @@
 Usage::
 
     python -m benchmarks.bench_rolling [--section generated|movielens]
-        [--cuts 4] [--users 4000 --ads 400 --days 8] [--fractions 0.8,0.85,0.9,0.95]
+        [--cuts 4] [--users 4000 --ads 400 --days 8] [--drift 0.0]
+        [--fractions 0.8,0.85,0.9,0.95]
         [--models gem,dlrm,...] [--recipe search|default] [--no-recalibrate]
         [--lrs 1e-3,3e-3] [--epochs 3] [--patience 1]
         [--steps N] [--batch-size 256] [--max-seq-len 32] [--bootstrap 200]
@@ -18,12 +19,13 @@ origin to the next one; later periods are left out
 this one's eval period ends, so each period is evaluated once, and chosen on
 once, by a model trained on its past only.
 
-Periods: on **generated** data (``pipelines.sources.synthetic``, whose base
-rates drift by day), the last ``--cuts`` UTC days, each an eval day and the
-day before it its validation day; on **movielens** (``movielens-1m-dev``),
-eval periods start at the ``--fractions`` of the time-ordered impressions
-(the last runs to the end), and the first validation period is as long as
-the step between the first two fractions.
+Periods: on **generated** data (``pipelines.sources.synthetic``: the users'
+histories and sessions move on day by day, and with ``--drift`` every base
+rate rises by that many logits a day), the last ``--cuts`` UTC days, each an
+eval day and the day before it its validation day; on **movielens**
+(``movielens-1m-dev``), eval periods start at the ``--fractions`` of the
+time-ordered impressions (the last runs to the end), and the first validation
+period is as long as the step between the first two fractions.
 
 Reported per origin and as the mean over origins: NE, AUC and calibration
 per (domain, objective) for every model; a paired bootstrap over each eval
@@ -74,13 +76,25 @@ TASKS = [f"{d}/{o}" for d in DOMAINS for o in TRAINING_OBJECTIVES]
 FIT_DEFAULTS = {f.name: f.default for f in dataclasses.fields(FitConfig)}
 
 
+def generated_world_dir(args: argparse.Namespace, work: Path) -> Path:
+    """Where the generated world's events and true probabilities go: one
+    folder per world, so that a ``--work`` reused with other flags does not
+    hand back another world (its features: the same name with ``_f``)."""
+    name = f"{args.users}u-{args.ads}a-{args.days}d-seed{args.seed}-drift{args.drift:g}"
+    return work / f"gen-{name}"
+
+
 def generated_origins(args: argparse.Namespace, work: Path) -> tuple[Path, list[int]]:
     """The generated world's features and its period bounds: the starts of
     the last ``--cuts + 1`` UTC days (the first validation day onwards)."""
-    world = world_config(args)
-    features = work / "gen_f"
+    from pipelines.sources.synthetic import ModelParams
+
+    drift = (args.drift,) * len(DOMAINS)
+    world = world_config(args, params=ModelParams(base_logit_drift_per_day=drift))
+    events = generated_world_dir(args, work)
+    features = events.with_name(events.name + "_f")
     if not features.exists():
-        generated_features(world, work / "gen", features, overwrite=True)
+        generated_features(world, events, features, overwrite=True)
 
     def day_start(offset: int) -> int:
         day = world.start + dt.timedelta(days=args.days + offset)
@@ -229,7 +243,7 @@ def run_origin(
     }
     bayes_probs = None
     if args.section == "generated":
-        truth = work / "gen" / "truth.parquet"
+        truth = generated_world_dir(args, work) / "truth.parquet"
         bayes = bayes_on(evals, truth)
         bayes_probs = bayes_probs_aligned(evals, truth)
         result["bayes"] = task_metrics(bayes)
@@ -310,6 +324,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ads", type=int, default=400)
     p.add_argument("--days", type=int, default=8)
     p.add_argument("--seed", type=int, default=0, help="the world and the training")
+    p.add_argument(
+        "--drift",
+        type=float,
+        default=0.0,
+        help="generated: logits added to every base rate per day (0: none)",
+    )
     p.add_argument("--movielens", type=Path, default=SHARED / "movielens-1m-dev")
     p.add_argument("--fractions", default="0.8,0.85,0.9,0.95")
     p.add_argument("--models", default=",".join(MODEL_NAMES))

@@ -24,9 +24,27 @@ DAY_MS = 86_400_000
 def world(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[int], Path]:
     """A 5-day generated world's features and the bounds of 3 origins."""
     work = tmp_path_factory.mktemp("rolling")
-    args = argparse.Namespace(users=200, ads=40, days=5, seed=3, cuts=3)
+    args = argparse.Namespace(users=200, ads=40, days=5, seed=3, cuts=3, drift=0.0)
     features, bounds = generated_origins(args, work)
     return features, bounds, work
+
+
+def _daily_click_rates(features: Path) -> list[float]:
+    examples = read_examples(features)
+    day = (event_time_ms(examples) - event_time_ms(examples).min()) // DAY_MS
+    clicks = examples.column("label_click").to_numpy()
+    return [float(clicks[day == d].mean()) for d in range(int(day.max()) + 1)]
+
+
+def test_drift_raises_the_base_rates_day_by_day(
+    world: tuple[Path, list[int], Path], tmp_path: Path
+) -> None:
+    args = argparse.Namespace(users=200, ads=40, days=5, seed=3, cuts=3, drift=0.5)
+    drifted, _ = generated_origins(args, tmp_path)
+    steady = _daily_click_rates(world[0])
+    rates = _daily_click_rates(drifted)
+    assert rates[-1] > 3 * rates[0]
+    assert rates[-1] > 3 * steady[-1]
 
 
 def test_each_origin_trains_on_its_past_and_is_judged_on_the_next_day(
