@@ -22,6 +22,12 @@ from features.vocab import DOMAINS, TRAINING_OBJECTIVES
 MAX_SHIFT = 3.0
 
 
+def _logits(probs: npt.ArrayLike) -> npt.NDArray[np.float64]:
+    """Log-odds of ``probs``, clipped away from 0 and 1."""
+    p = np.clip(np.asarray(probs, np.float64), 1e-7, 1 - 1e-7)
+    return np.log(p) - np.log1p(-p)
+
+
 def _shift(logits: npt.NDArray[np.float64], positives: float) -> float:
     """δ with Σ σ(logits + δ) = positives (Newton; the sum is monotone in δ)."""
     delta = 0.0
@@ -58,8 +64,7 @@ def calibration_shifts(
         >>> bool(abs(shifts[0, 0] - 0.5) < 0.1), shifts[1, 0].item()
         (True, 0.0)
     """
-    p = np.clip(np.asarray(probs, np.float64), 1e-7, 1 - 1e-7)
-    logits = np.log(p) - np.log1p(-p)
+    logits = _logits(probs)
     y = np.asarray(labels, np.float64)
     out = np.zeros((len(DOMAINS), len(TRAINING_OBJECTIVES)))
     for d in range(len(DOMAINS)):
@@ -87,6 +92,5 @@ def recalibrated(
         >>> round(float(out[:, 0].mean()), 3), round(float(out[0, 1]), 6)
         (0.75, 0.01)
     """
-    p = np.clip(np.asarray(probs, np.float64), 1e-7, 1 - 1e-7)
-    logits = np.log(p) - np.log1p(-p) + calibration_shifts(p, labels, domain)[domain]
+    logits = _logits(probs) + calibration_shifts(probs, labels, domain)[domain]
     return 1.0 / (1.0 + np.exp(-logits))
