@@ -64,14 +64,19 @@ ORACLE_WINDOWS = (None, 128, 32)
 
 
 def organic_counts_in_window(
-    events: BaseEvents, rows: np.ndarray, topics: np.ndarray, window: int | None
+    events: BaseEvents,
+    rows: np.ndarray,
+    topics: np.ndarray,
+    window: int | None,
+    within_ms: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """(same-topic, all) organic events of each row's user before its time.
 
     ``window``: only among the user's last ``window`` events of any kind
     (what a model truncating histories to ``max_seq_len`` keeps); None: all.
-    Vectorized as ``searchsorted`` on (user, time) and (user, topic, time)
-    keys packed into int64.
+    ``within_ms``: only those less than that long before the row. Vectorized
+    as ``searchsorted`` on (user, time) and (user, topic, time) keys packed
+    into int64.
     """
     t0 = int(events.time_ms.min())
     span = int(events.time_ms.max()) - t0 + 1
@@ -86,6 +91,8 @@ def organic_counts_in_window(
     since = np.where(
         begin < end, every[np.minimum(begin, every.size - 1)] - row_user, row_time
     )
+    if within_ms is not None:
+        since = np.maximum(since, row_time - within_ms)
     organic = np.flatnonzero(events.content >= 0)
     by_user = np.sort(user[organic] * span + time[organic])
     n_all = np.searchsorted(by_user, row_user + row_time) - np.searchsorted(
