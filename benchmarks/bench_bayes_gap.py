@@ -20,7 +20,8 @@ origins (the same train, validation and eval days):
   hour of day, the recent same-category count and the posterior interest,
   each fitted on the origin's train period, with one effect per ad under the
   generator's quality prior. What a correctly specified model learns from
-  that much data: a model that does not know the form cannot expect more.
+  that much data: a model that must find the form itself should not expect
+  more.
 
 Both fit on the train period only (days before the origin's validation
 day), as the rolling benchmark's models do. Printed per origin and on
