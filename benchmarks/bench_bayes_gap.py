@@ -51,7 +51,11 @@ from typing import Any
 import numpy as np
 
 from benchmarks.generated import world_config
-from benchmarks.quality_components import EVENT_WEIGHT, organic_counts_in_window
+from benchmarks.quality_components import (
+    EVENT_WEIGHT,
+    click_terms,
+    organic_counts_in_window,
+)
 from features.metrics import binary_metrics
 from pipelines.sources.synthetic import Generated, generate
 from pipelines.sources.synthetic.outcomes import FORMAT_DOMAIN_CLICK
@@ -61,6 +65,8 @@ from pipelines.sources.synthetic.params import DAY_MS, HOUR_MS, K_TOPICS
 # effect: E[sigmoid(z + 2.5 theta)] is not a linear function of E[theta].
 INTEREST_KNOTS = (0.05, 0.1, 0.2, 0.4)
 N_FORMATS = int(FORMAT_DOMAIN_CLICK.shape[0])
+# The click terms the information reference infers instead of being told.
+LEARNT_TERMS = ("interest", "recent", "ad quality")
 
 
 @dataclass(frozen=True)
@@ -74,33 +80,24 @@ class Impressions:
     ad: np.ndarray
     true_topic: np.ndarray
     declared_category: np.ndarray
-    # The true logit without its interest, recent and quality terms.
+    # The true logit without its LEARNT_TERMS.
     known_logit: np.ndarray
 
     @classmethod
     def of(cls, data: Generated) -> Impressions:
         """The impressions of ``data``, in the generator's row order."""
-        p, world, base = data.config.params, data.world, data.base
+        world, base = data.world, data.base
         imp = data.outcomes.impression
-        user, ad = base.user[imp], base.ad[imp]
-        domain = base.domain[imp].astype(np.int64)
-        topic, fmt = world.ads.topic[ad], world.ads.ad_format[ad]
-        hour = (base.time_ms[imp] // HOUR_MS) % 24
-        known = (
-            np.asarray(p.click_base_logit)[domain]
-            + FORMAT_DOMAIN_CLICK[fmt, domain]
-            + world.click_age_category[world.users.age_bucket[user], topic]
-            + world.click_device_format[world.users.device[user], fmt]
-            + p.click_hour_amplitude * np.cos(2 * np.pi * (hour - 21) / 24)
-        )
+        ad = base.ad[imp]
+        terms = click_terms(data)
         return cls(
             data=data,
             clicked=data.outcomes.clicked.astype(np.float64),
             time_ms=base.time_ms[imp],
             ad=ad,
-            true_topic=topic,
+            true_topic=world.ads.topic[ad],
             declared_category=world.ads.creative_category[ad],
-            known_logit=known,
+            known_logit=sum(v for k, v in terms.items() if k not in LEARNT_TERMS),
         )
 
     def interest_features(self, topics: np.ndarray, window: int | None) -> np.ndarray:

@@ -45,7 +45,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from features.metrics import binary_metrics
-from pipelines.sources.synthetic import GeneratorConfig, generate
+from pipelines.sources.synthetic import Generated, GeneratorConfig, generate
 from pipelines.sources.synthetic.assemble import time_order
 from pipelines.sources.synthetic.outcomes import FORMAT_DOMAIN_CLICK, HOUR_MS
 from pipelines.sources.synthetic.params import K_TOPICS
@@ -107,6 +107,28 @@ def organic_counts_in_window(
     return n_same, n_all
 
 
+def click_terms(data: Generated) -> dict[str, np.ndarray]:
+    """The terms of the generator's click logit by name, one value per
+    impression in ``data.outcomes.impression`` order; they sum to the logit
+    of ``p_click`` (without drift)."""
+    p, world, base, out = data.config.params, data.world, data.base, data.outcomes
+    imp = out.impression
+    user, ad = base.user[imp], base.ad[imp]
+    domain = base.domain[imp].astype(np.int64)
+    topic, fmt = world.ads.topic[ad], world.ads.ad_format[ad]
+    hour = (base.time_ms[imp] // HOUR_MS) % 24
+    return {
+        "domain x format": np.asarray(p.click_base_logit)[domain]
+        + FORMAT_DOMAIN_CLICK[fmt, domain],
+        "interest": p.click_interest * world.users.theta[user, topic],
+        "recent": p.click_recent * np.log1p(out.recent),
+        "ad quality": p.click_quality * world.ads.quality[ad],
+        "age x category": world.click_age_category[world.users.age_bucket[user], topic],
+        "device x format": world.click_device_format[world.users.device[user], fmt],
+        "hour": p.click_hour_amplitude * np.cos(2 * np.pi * (hour - 21) / 24),
+    }
+
+
 def true_click_terms(
     gen_dir: Path,
 ) -> tuple[list[str], np.ndarray, list[str], np.ndarray]:
@@ -124,10 +146,7 @@ def true_click_terms(
     data = generate(config)
     p, world, base, out = config.params, data.world, data.base, data.outcomes
     imp = out.impression
-    user, ad = base.user[imp], base.ad[imp]
-    domain = base.domain[imp].astype(np.int64)
-    topic, fmt = world.ads.topic[ad], world.ads.ad_format[ad]
-    hour = (base.time_ms[imp] // HOUR_MS) % 24
+    topic = world.ads.topic[base.ad[imp]]
     # The history oracle's interest: a posterior mean from the user's past.
     alpha = p.interest_concentration * world.topic_popularity
     oracle = {"clicked": out.clicked.astype(np.float64)}
@@ -141,16 +160,7 @@ def true_click_terms(
     oracle["interest prior"] = (
         p.click_interest * alpha[topic] / p.interest_concentration
     )
-    terms = {
-        "domain x format": np.asarray(p.click_base_logit)[domain]
-        + FORMAT_DOMAIN_CLICK[fmt, domain],
-        "interest": p.click_interest * world.users.theta[user, topic],
-        "recent": p.click_recent * np.log1p(out.recent),
-        "ad quality": p.click_quality * world.ads.quality[ad],
-        "age x category": world.click_age_category[world.users.age_bucket[user], topic],
-        "device x format": world.click_device_format[world.users.device[user], fmt],
-        "hour": p.click_hour_amplitude * np.cos(2 * np.pi * (hour - 21) / 24),
-    }
+    terms = click_terms(data)
     # The truth table lists impressions in time order (assemble.build_tables).
     number = np.empty(base.time_ms.size, dtype=np.int64)
     number[time_order(base.time_ms)] = np.arange(base.time_ms.size)
