@@ -209,22 +209,20 @@ def fit_with_ad_effects(
     return offset + x @ coef + effect[rows.ad]
 
 
-def reference_logits(
-    rows: Impressions, window: int | None, train: np.ndarray
-) -> dict[str, np.ndarray]:
-    """The information and specified references' logits at one window."""
+def reference_inputs(
+    rows: Impressions, window: int | None
+) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Each reference's columns and fixed offset at one window: functions of
+    the history only, the same for every origin."""
     p = rows.data.config.params
     recent = rows.recent_count(rows.true_topic, window)
-    information = fit_with_ad_effects(
-        rows.interest_features(rows.true_topic, window),
-        rows.known_logit + p.click_recent * np.log1p(recent),
-        rows,
-        train,
-    )
-    specified = fit_with_ad_effects(
-        rows.observed_terms(window), np.zeros(rows.clicked.size), rows, train
-    )
-    return {"information": information, "specified": specified}
+    return {
+        "information": (
+            rows.interest_features(rows.true_topic, window),
+            rows.known_logit + p.click_recent * np.log1p(recent),
+        ),
+        "specified": (rows.observed_terms(window), np.zeros(rows.clicked.size)),
+    }
 
 
 def click_ne(rows: Impressions, logit: np.ndarray, mask: np.ndarray) -> float:
@@ -243,6 +241,7 @@ def references(
 ) -> list[dict[str, float]]:
     """Click NE per origin: Bayes, each reference at each window, each model."""
     true_logit = np.log(rows.data.outcomes.p_click / (1 - rows.data.outcomes.p_click))
+    inputs = {window: reference_inputs(rows, window or None) for window in windows}
     table = []
     for origin, (start, end) in zip(
         rolling["origins"], origin_bounds(rolling), strict=True
@@ -256,9 +255,9 @@ def references(
                 f"the regenerated world is not the rolling run's: Bayes NE "
                 f"{ne['bayes']:.6f} against {reported:.6f}"
             )
-        for window in windows:
-            logits = reference_logits(rows, window or None, train)
-            for name, logit in logits.items():
+        for window, by_reference in inputs.items():
+            for name, (x, offset) in by_reference.items():
+                logit = fit_with_ad_effects(x, offset, rows, train)
                 ne[f"{name}, {window or 'all'} events"] = click_ne(
                     rows, logit, evaluated
                 )
