@@ -3,7 +3,8 @@
 Usage::
 
     python -m benchmarks.bench_model_cost [--batch-size 1024] [--threads 2]
-        [--repeat 3] [--optimizer adam|adam+adagrad] [--json FILE]
+        [--repeat 3] [--optimizer adam|adam+adagrad] [--compile [BACKEND]]
+        [--json FILE]
 
 On a small generated set (300 users, 3 days; windows of the ``default``
 preset's 32 events), in one process:
@@ -22,12 +23,22 @@ preset's 32 events), in one process:
 4. **The tables' optimizer**: GEM's, DLRM's and DCNv2's training examples/s
    under ``adam+adagrad`` (sparse table gradients) against ``adam`` (every
    row every step), the two timed one after the other, best of ``--repeat``.
+5. **Attention masks**: forward + backward of the fused
+   ``scaled_dot_product_attention`` with the additive key mask the jagged
+   ops pass, against the same attention written out (scores,
+   ``masked_fill``, ``softmax``) and against a boolean mask, at the shapes
+   of GEM's self-attention (the trunk) and local attention (the pyramid).
+6. **Compiled** (with ``--compile``): GEM's and DLRM's examples/s eager and
+   under ``trainer.fit --compile``, the compiled model's first step (its
+   compile) in seconds, and GEM's compiled time per example against DLRM's
+   faster way.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import tempfile
 import time
@@ -36,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from benchmarks.bench_generator import hardware
@@ -48,7 +60,7 @@ from trainer.models.registry import build_model
 from trainer.ops import gather_rows
 from trainer.training.fit_trainer import make_optimizer
 from trainer.training.run_config import OPTIMIZERS, FitConfig
-from trainer.training.step import train_step
+from trainer.training.step import compile_model, train_step
 
 
 def smaller_gems() -> dict[str, ModelConfig]:
@@ -66,6 +78,35 @@ def smaller_gems() -> dict[str, ModelConfig]:
     }
 
 
+def _trained_model(
+    name: str, config: ModelConfig, fit: FitConfig
+) -> tuple[GEMTrain, torch.optim.Optimizer]:
+    """Model ``name`` as ``trainer.fit`` trains it, under ``fit``'s optimizer
+    and ``--compile``."""
+    torch.manual_seed(0)
+    model = GEMTrain(build_model(name, config))
+    if fit.compile is not None:
+        model.model = compile_model(model.model, backend=fit.compile)
+    return model, make_optimizer(model, fit)
+
+
+def _best_pass(
+    model: GEMTrain,
+    optimizer: torch.optim.Optimizer,
+    batches: list[Batch],
+    repeat: int,
+) -> float:
+    """Training examples/s of the best of ``repeat`` passes over ``batches``."""
+    best = 0.0
+    for _ in range(repeat):
+        started, seen = time.perf_counter(), 0
+        for batch in batches:
+            train_step(model, batch, optimizer)
+            seen += batch.size
+        best = max(best, seen / (time.perf_counter() - started))
+    return best
+
+
 def examples_per_s(
     name: str,
     config: ModelConfig,
@@ -75,19 +116,44 @@ def examples_per_s(
 ) -> float:
     """Training examples/s of model ``name``: a warm-up step, then the
     best of ``repeat`` passes over ``batches``."""
-    torch.manual_seed(0)
-    model = GEMTrain(build_model(name, config))
     fit = FitConfig(train=Path(), eval=Path(), optimizer=optimizer_name)
-    optimizer = make_optimizer(model, fit)
+    model, optimizer = _trained_model(name, config, fit)
     train_step(model, batches[0], optimizer)
-    best = 0.0
-    for _ in range(repeat):
-        started, seen = time.perf_counter(), 0
-        for batch in batches:
-            train_step(model, batch, optimizer)
-            seen += batch.size
-        best = max(best, seen / (time.perf_counter() - started))
-    return best
+    return _best_pass(model, optimizer, batches, repeat)
+
+
+def compiled_against_eager(
+    batches: list[Batch], repeat: int, optimizer_name: str, backend: str
+) -> dict[str, dict[str, float]]:
+    """GEM's and DLRM's examples/s eager and under ``trainer.fit --compile
+    backend``, with the seconds of the compiled model's first step (the
+    compile)."""
+    out = {}
+    for name in ("gem", "dlrm"):
+        eager = examples_per_s(name, default(), batches, repeat, optimizer_name)
+        fit = FitConfig(
+            train=Path(), eval=Path(), optimizer=optimizer_name, compile=backend
+        )
+        model, optimizer = _trained_model(name, default(), fit)
+        started = time.perf_counter()
+        train_step(model, batches[0], optimizer)
+        first_step = time.perf_counter() - started
+        compiled = _best_pass(model, optimizer, batches, repeat)
+        out[name] = {
+            "eager": eager,
+            "compiled": compiled,
+            "speedup": compiled / eager,
+            "first_step_s": first_step,
+        }
+        print(
+            f"  {name:6s} eager {eager:7,.0f} ex/s  compiled {compiled:7,.0f}"
+            f"  {compiled / eager:.2f}x  first step {first_step:.0f} s"
+        )
+    gem, dlrm = out["gem"], out["dlrm"]
+    fastest = max(dlrm["eager"], dlrm["compiled"])
+    out["gem_compiled_time_vs_dlrm"] = {"ratio": fastest / gem["compiled"]}
+    print(f"  GEM compiled, time ÷ DLRM's fastest: {fastest / gem['compiled']:.2f}x")
+    return out
 
 
 def table_optimizer_speedup(
@@ -177,6 +243,61 @@ def gather_backward(tokens: int, batch: int, repeats: int = 10) -> dict[str, Any
     return out
 
 
+def written_out_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor
+) -> torch.Tensor:
+    """The peer of the fused attention: scores, ``masked_fill``, ``softmax``."""
+    scores = (q @ k.transpose(-1, -2)) / q.shape[-1] ** 0.5
+    fill = torch.finfo(scores.dtype).min
+    return torch.softmax(scores.masked_fill(~visible, fill), dim=-1) @ v
+
+
+def attention_masks(
+    batch: int, tokens: int, repeats: int = 10
+) -> dict[str, dict[str, float]]:
+    """Forward + backward ms of masked attention, fused with an additive mask
+    against a boolean one and against the attention written out."""
+    torch.manual_seed(0)
+    heads, dh = 2, 16
+    shapes = {
+        # (batches, queries, keys): the trunk attends over the pyramid's top
+        # tokens and the summary tokens; local attention over chunks of
+        # ``window`` queries and two chunks of keys.
+        "self (B, 2, 12, 12)": (batch, 12, 12),
+        "local (L/16, 2, 16, 32)": (tokens // 16, 16, 32),
+    }
+    out: dict[str, dict[str, float]] = {}
+    for label, (n, nq, nk) in shapes.items():
+        q = torch.randn(n, heads, nq, dh, requires_grad=True)
+        k, v = (torch.randn(n, heads, nk, dh, requires_grad=True) for _ in range(2))
+        visible = torch.rand(n, 1, nq, nk) < 0.7
+        visible[..., 0] = True  # every query sees a key, as in the ops
+        additive = torch.zeros(visible.shape).masked_fill(
+            ~visible, torch.finfo(torch.float32).min
+        )
+        sdpa = F.scaled_dot_product_attention
+        ways: dict[str, Callable[..., torch.Tensor]] = {
+            "additive": functools.partial(sdpa, attn_mask=additive),
+            "boolean": functools.partial(sdpa, attn_mask=visible),
+            "written out": functools.partial(written_out_attention, visible=visible),
+        }
+        ms = {}
+        for way, attend in ways.items():
+            attend(q, k, v).sum().backward()
+            started = time.perf_counter()
+            for _ in range(repeats):
+                attend(q, k, v).sum().backward()
+            ms[way] = 1e3 * (time.perf_counter() - started) / repeats
+        out[label] = ms
+        print(
+            f"  {label}: additive {ms['additive']:.2f} ms, boolean "
+            f"{ms['boolean']:.2f} ms ({ms['boolean'] / ms['additive']:.2f}x), "
+            f"written out {ms['written out']:.2f} ms "
+            f"({ms['written out'] / ms['additive']:.2f}x)"
+        )
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--batch-size", type=int, default=1024)
@@ -187,6 +308,15 @@ def main(argv: list[str] | None = None) -> int:
         choices=OPTIMIZERS,
         default=FitConfig.optimizer,
         help="trainer.fit's --optimizer (default: its default), for both models",
+    )
+    p.add_argument(
+        "--compile",
+        nargs="?",
+        const="inductor",
+        default=None,
+        metavar="BACKEND",
+        help="also time GEM and DLRM under trainer.fit's --compile BACKEND "
+        "(inductor when none is given; minutes of compiling per model)",
     )
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
@@ -223,6 +353,13 @@ def main(argv: list[str] | None = None) -> int:
     result["gather"] = gather_backward(per_token, args.batch_size)
     print("the tables' optimizer, examples/s:", flush=True)
     result["table_optimizer"] = table_optimizer_speedup(batches, args.repeat)
+    print("attention masks, forward + backward:", flush=True)
+    result["attention"] = attention_masks(args.batch_size, per_token)
+    if args.compile is not None:
+        print(f"compiled ({args.compile}) against eager, examples/s:", flush=True)
+        result["compiled"] = compiled_against_eager(
+            batches, args.repeat, args.optimizer, args.compile
+        )
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
     return 0

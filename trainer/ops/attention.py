@@ -15,7 +15,6 @@ Example:
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from trainer.ops.jagged import dense_to_jagged, jagged_softmax, jagged_to_padded_dense
 from trainer.ops.kernel import Kernel, fbgemm_op
@@ -75,29 +74,28 @@ def jagged_self_attention(
 
     **Pads inside the op** to (B, H, max_len, Dh) (the only op that does); see
     :func:`trainer.ops.pytorch.pt_attention.pytorch_jagged_self_attention`.
-    ``max_len`` must bound every ``L[b]``. With ``Kernel.FBGEMM`` the
-    pad/unpad run fbgemm and the attention runs
-    ``F.scaled_dot_product_attention``.
+    ``max_len`` must bound every ``L[b]``. The attention is
+    ``F.scaled_dot_product_attention``; with ``Kernel.FBGEMM`` the pad and
+    unpad run fbgemm.
     """
-    total, heads, dh = q.shape
     if (
         kernel == Kernel.FBGEMM
-        and total > 0
+        and q.shape[0] > 0
         and fbgemm_op("jagged_to_padded_dense", q.device) is not None
         and fbgemm_op("dense_to_jagged", q.device) is not None
     ):
-        flat = (total, heads * dh)
-        pad = [
-            jagged_to_padded_dense(t.reshape(flat), offsets, max_len, 0.0, kernel)
-            .view(-1, max_len, heads, dh)
-            .transpose(1, 2)
-            for t in (q, k, v)
-        ]
-        lengths = offsets[1:] - offsets[:-1]
-        key_ok = torch.arange(max_len, device=q.device) < lengths.unsqueeze(1)
-        bias = torch.zeros(key_ok.shape, dtype=q.dtype, device=q.device)
-        bias = bias.masked_fill(~key_ok, torch.finfo(q.dtype).min)[:, None, None, :]
-        out = F.scaled_dot_product_attention(pad[0], pad[1], pad[2], attn_mask=bias)
-        out = out.transpose(1, 2).reshape(-1, max_len, heads * dh)
-        return dense_to_jagged(out, offsets, total, kernel).view(total, heads, dh)
+
+        def to_padded(
+            values: torch.Tensor, offsets: torch.Tensor, max_len: int, fill: float
+        ) -> torch.Tensor:
+            return jagged_to_padded_dense(values, offsets, max_len, fill, kernel)
+
+        def to_jagged(
+            dense: torch.Tensor, offsets: torch.Tensor, total: int
+        ) -> torch.Tensor:
+            return dense_to_jagged(dense, offsets, total, kernel)
+
+        return pt.pytorch_jagged_self_attention(
+            q, k, v, offsets, max_len, to_padded, to_jagged
+        )
     return pt.pytorch_jagged_self_attention(q, k, v, offsets, max_len)

@@ -49,8 +49,9 @@ rule between models.
 backend ``inductor``; ``aot_eager`` traces without generating code), set up
 by :func:`trainer.training.step.compile_model` so that every batch's jagged
 sizes reuse one graph. Train and eval mode, and a smaller last batch, each
-compile once more. Worth it on a GPU; on a CPU only once the first steps
-have paid for the compile (``benchmarks/README.md``).
+compile once more. Worth it on a GPU. On a CPU GEM's step is faster compiled
+at batch 256 and slower at 1,024, and each compile takes minutes, so it pays
+only in long runs of small batches (``benchmarks/README.md``, model speed).
 
 ``--save DIR``: the model evaluated (the selected epoch, recalibrated unless
 told not to) is written as a :mod:`trainer.training.checkpoint` file in ``DIR``,

@@ -24,6 +24,10 @@ from trainer.ops.pytorch.pt_jagged import (
 
 SegmentSoftmax = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 """``(scores (L, C), offsets) → weights (L, C)``, a softmax per sequence."""
+ToPadded = Callable[[torch.Tensor, torch.Tensor, int, float], torch.Tensor]
+"""``(values (L, D), offsets, max_len, padding_value) → (B, max_len, D)``."""
+ToJagged = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
+"""``(dense (B, N, D), offsets, total) → (L, D)``."""
 
 
 def pytorch_jagged_local_attention(
@@ -80,11 +84,15 @@ def pytorch_jagged_local_attention(
         rows = topped_up.index_select(0, (at + chunk).flatten())
         return rows.view(*at.shape, heads, dh).transpose(1, 2)  # (C, H, n, Dh)
 
+    # Additive, not boolean: the CPU's fused attention is faster with it,
+    # forward and backward. Every query sees itself, so no row is masked whole.
+    bias = torch.zeros(visible.shape, dtype=q.dtype, device=q.device)
+    bias = bias.masked_fill(~visible, torch.finfo(q.dtype).min)
     out = F.scaled_dot_product_attention(
         gather(q, position),
         gather(k, key_pos),
         gather(v, key_pos),
-        attn_mask=visible.unsqueeze(1),
+        attn_mask=bias.unsqueeze(1),
     )
     out = out.transpose(1, 2).reshape(num_chunks * chunk, heads, dh)
     return out.index_select(0, torch.arange(total, device=q.device))
@@ -121,6 +129,8 @@ def pytorch_jagged_self_attention(
     v: torch.Tensor,
     offsets: torch.Tensor,
     max_len: int,
+    to_padded: ToPadded = pytorch_jagged_to_padded_dense,
+    to_jagged: ToJagged = pytorch_dense_to_jagged,
 ) -> torch.Tensor:
     """Bidirectional attention inside each sequence.
 
@@ -128,23 +138,26 @@ def pytorch_jagged_self_attention(
     mask, inside the op only, and returns jagged (L, H, Dh). It is used on
     short token sets (the pyramid's top level plus summary tokens), so the
     (B, H, max_len, max_len) scores stay small. ``max_len`` must be at least
-    the longest sequence.
+    the longest sequence. ``to_padded`` / ``to_jagged`` lay the tokens out
+    and back (a fast kernel's may replace these references).
     """
     total, heads, dh = q.shape
     batch = offsets.numel() - 1
     flat = (total, heads * dh)
     pad = [
-        pytorch_jagged_to_padded_dense(t.reshape(flat), offsets, max_len, 0.0)
+        to_padded(t.reshape(flat), offsets, max_len, 0.0)
         .view(batch, max_len, heads, dh)
         .transpose(1, 2)
         for t in (q, k, v)
     ]
     lengths = offsets[1:] - offsets[:-1]
     key_ok = torch.arange(max_len, device=q.device) < lengths.unsqueeze(1)  # (B, N)
-    scores = pad[0] @ pad[1].transpose(-1, -2) / math.sqrt(dh)  # (B, H, N, N)
-    # A finite fill keeps rows of padding queries finite (they are dropped).
-    fill = torch.finfo(scores.dtype).min
-    scores = scores.masked_fill(~key_ok[:, None, None, :], fill)
-    out = torch.softmax(scores, dim=-1) @ pad[2]  # (B, H, N, Dh)
+    # Fused, not written out: a CPU softmax over rows shorter than a vector
+    # register takes a slow path (benchmarks/README.md, model speed). The
+    # mask is additive, so a row with no key (padding queries of an empty
+    # sequence) stays finite; it is dropped below.
+    bias = torch.zeros(key_ok.shape, dtype=q.dtype, device=q.device)
+    bias = bias.masked_fill(~key_ok, torch.finfo(q.dtype).min)[:, None, None, :]
+    out = F.scaled_dot_product_attention(pad[0], pad[1], pad[2], attn_mask=bias)
     out = out.transpose(1, 2).reshape(batch, max_len, heads * dh)
-    return pytorch_dense_to_jagged(out, offsets, total).view(total, heads, dh)
+    return to_jagged(out, offsets, total).view(total, heads, dh)
