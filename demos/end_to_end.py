@@ -45,12 +45,11 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import signal
 import sys
-from typing import NoReturn
 
 from demos import event_steps, feature_steps, training_steps
 from demos.demo_config import DemoConfig
+from demos.interrupts import unwind_on_signals
 from features.cli import CommandParser, run_command
 from features.config_flags import add_config_flags, config_fields
 from features.kafka import KafkaSettings, add_kafka_arguments
@@ -61,12 +60,6 @@ TOTAL_STEPS = 8
 
 def _step(number: int, title: str) -> None:
     print(f"\n[{number}/{TOTAL_STEPS}] {title}", flush=True)
-
-
-def _raise_on_sigterm(signum: int, _frame: object) -> NoReturn:
-    # Turn SIGTERM into an exception so every `with` block (the broker!)
-    # unwinds exactly as on Ctrl-C.
-    raise SystemExit(128 + signum)
 
 
 def run(config: DemoConfig, settings: KafkaSettings) -> int:
@@ -141,7 +134,8 @@ def build_parser() -> CommandParser:
 
 
 def _run_demo(args: argparse.Namespace) -> int:
-    signal.signal(signal.SIGTERM, _raise_on_sigterm)
+    # Every `with` block (the broker!) unwinds on Ctrl-C and SIGTERM alike.
+    unwind_on_signals()
     try:
         return run(
             DemoConfig(**config_fields(args, DemoConfig)),

@@ -38,10 +38,9 @@ process it starts is stopped, also on Ctrl-C, SIGTERM or error.
 from __future__ import annotations
 
 import argparse
-import signal
-import sys
 from collections.abc import Sequence
 
+from demos.interrupts import unwind_on_signals
 from demos.stream.config import StreamDemoConfig
 from demos.stream.run import run_stream_demo
 from demos.stream.screen import render
@@ -62,7 +61,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     # A SIGTERM unwinds like Ctrl-C, so the children (each in its own
     # session) and the broker are stopped too.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    unwind_on_signals()
     report = run_stream_demo(config)
     print(render(report, config.output))
     return 0 if all(report["checks"].values()) else 1
