@@ -52,6 +52,7 @@ from torch import nn
 
 from benchmarks.bench_generator import hardware
 from benchmarks.bench_model_speed import make_data
+from features.config_flags import add_config_flags
 from trainer.data.batch import Batch
 from trainer.data.feature_output import ExampleDataset
 from trainer.models.config import ModelConfig, default
@@ -310,15 +311,9 @@ def main(argv: list[str] | None = None) -> int:
         default=FitConfig.optimizer,
         help="trainer.fit's --optimizer (default: its default), for both models",
     )
-    p.add_argument(
-        "--compile",
-        nargs="?",
-        const="inductor",
-        default=None,
-        metavar="BACKEND",
-        help="also time GEM and DLRM under trainer.fit's --compile BACKEND "
-        "(inductor when none is given; minutes of compiling per model)",
-    )
+    # trainer.fit's own flag; given, GEM and DLRM are also timed compiled
+    # (minutes of compiling per model).
+    add_config_flags(p, FitConfig, only=["compile"])
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
