@@ -59,6 +59,7 @@ from trainer.models.config import ModelConfig, default
 from trainer.models.loss_wrapper import GEMTrain
 from trainer.models.registry import build_model
 from trainer.ops import gather_rows
+from trainer.ops.pytorch.pt_attention import additive_mask
 from trainer.training.fit_trainer import make_optimizer
 from trainer.training.run_config import OPTIMIZERS, FitConfig
 from trainer.training.step import compile_model, train_step
@@ -274,9 +275,7 @@ def attention_masks(
         k, v = (torch.randn(n, heads, nk, dh, requires_grad=True) for _ in range(2))
         visible = torch.rand(n, 1, nq, nk) < 0.7
         visible[..., 0] = True  # every query sees a key, as in the ops
-        additive = torch.zeros(visible.shape).masked_fill(
-            ~visible, torch.finfo(torch.float32).min
-        )
+        additive = additive_mask(visible, torch.float32)
         sdpa = F.scaled_dot_product_attention
         ways: dict[str, Callable[..., torch.Tensor]] = {
             "additive": functools.partial(sdpa, attn_mask=additive),

@@ -30,6 +30,16 @@ ToJagged = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
 """``(dense (B, N, D), offsets, total) → (L, D)``."""
 
 
+def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """0 where ``allowed``, the dtype's lowest value elsewhere.
+
+    Additive, not boolean: the CPU's fused attention is faster with it,
+    forward and backward.
+    """
+    bias = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
+    return bias.masked_fill(~allowed, torch.finfo(dtype).min)
+
+
 def pytorch_jagged_local_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -84,15 +94,12 @@ def pytorch_jagged_local_attention(
         rows = topped_up.index_select(0, (at + chunk).flatten())
         return rows.view(*at.shape, heads, dh).transpose(1, 2)  # (C, H, n, Dh)
 
-    # Additive, not boolean: the CPU's fused attention is faster with it,
-    # forward and backward. Every query sees itself, so no row is masked whole.
-    bias = torch.zeros(visible.shape, dtype=q.dtype, device=q.device)
-    bias = bias.masked_fill(~visible, torch.finfo(q.dtype).min)
+    # Every query sees itself, so no row is masked whole.
     out = F.scaled_dot_product_attention(
         gather(q, position),
         gather(k, key_pos),
         gather(v, key_pos),
-        attn_mask=bias.unsqueeze(1),
+        attn_mask=additive_mask(visible, q.dtype).unsqueeze(1),
     )
     out = out.transpose(1, 2).reshape(num_chunks * chunk, heads, dh)
     return out.index_select(0, torch.arange(total, device=q.device))
@@ -156,8 +163,7 @@ def pytorch_jagged_self_attention(
     # register takes a slow path (benchmarks/README.md, model speed). The
     # mask is additive, so a row with no key (padding queries of an empty
     # sequence) stays finite; it is dropped below.
-    bias = torch.zeros(key_ok.shape, dtype=q.dtype, device=q.device)
-    bias = bias.masked_fill(~key_ok, torch.finfo(q.dtype).min)[:, None, None, :]
+    bias = additive_mask(key_ok, q.dtype)[:, None, None, :]
     out = F.scaled_dot_product_attention(pad[0], pad[1], pad[2], attn_mask=bias)
     out = out.transpose(1, 2).reshape(batch, max_len, heads * dh)
     return to_jagged(out, offsets, total).view(total, heads, dh)
