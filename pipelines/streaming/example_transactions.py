@@ -53,11 +53,14 @@ class PublisherFencedError(RuntimeError):
 
 @dataclass(frozen=True)
 class Message:
-    """One example message, ready to send."""
+    """One example message of the release at event time ``at``, ready to send."""
 
+    at: int
     key: bytes
     value: bytes
     headers: list[tuple[str, bytes]]
+    examples: int = 0
+    """Examples in the message (for counting)."""
 
 
 def horizon_group(group: str) -> str:
@@ -167,8 +170,33 @@ class PartitionPublisher:
 
     def start(self) -> None:
         """Start the producer (aborting what an earlier one left open, and
-        fencing it) and read the partition's horizon."""
-        self._check_not_fenced()
+        fencing it) and read the partition's horizon, retried through broker
+        errors for :data:`RETRY_FOR_S`."""
+        from kafka.errors import KafkaError
+
+        deadline = time.monotonic() + RETRY_FOR_S
+        while True:
+            self._check_not_fenced()
+            try:
+                self._start_once()
+                return
+            except KafkaError as error:
+                if time.monotonic() > deadline:
+                    raise
+                self._retry_after(error, "start")
+
+    def _retry_after(self, error: BaseException, what: str) -> None:
+        log.warning(
+            "%s: %s failed (%s: %s); retrying with a new producer",
+            self.transactional_id,
+            what,
+            type(error).__name__,
+            error,
+        )
+        self.close()
+        time.sleep(1.0)
+
+    def _start_once(self) -> None:
         producer = self._settings.producer(
             throughput=True,
             transactional_id=self.transactional_id,
@@ -180,19 +208,25 @@ class PartitionPublisher:
             producer.close(timeout=5)
             raise
         self._producer = producer
-        self.starts += 1
         self.horizon = read_horizons(
             self._settings, self.group, self.topic, [self.partition], self.partitions
         )[self.partition]
+        self.starts += 1
 
-    def publish(self, messages: Sequence[Message], horizon_ms: int) -> bool:
-        """``messages`` and the horizon ``horizon_ms`` in one transaction.
+    @property
+    def started(self) -> bool:
+        """Whether a producer is up (and the horizon read)."""
+        return self._producer is not None
+
+    def publish(self, messages: Sequence[Message], horizon_ms: int) -> list[Message]:
+        """The ``messages`` above the horizon, and the horizon ``horizon_ms``,
+        in one transaction; the messages that went (none: all were at or
+        below the horizon already).
 
         Retried through broker errors for :data:`RETRY_FOR_S`: each retry
         starts a new producer, which settles the transaction in doubt, and
-        reads the horizon again; a horizon already at ``horizon_ms`` means
-        the transaction in doubt committed. False when nothing was sent for
-        that reason.
+        reads the horizon again (a horizon at ``horizon_ms`` means the
+        transaction in doubt committed).
 
         Raises:
             PublisherFencedError: another producer holds the transactional id.
@@ -202,32 +236,26 @@ class PartitionPublisher:
         with self._lock:
             return self._publish(messages, horizon_ms)
 
-    def _publish(self, messages: Sequence[Message], horizon_ms: int) -> bool:
+    def _publish(self, messages: Sequence[Message], horizon_ms: int) -> list[Message]:
         from kafka.errors import KafkaError
 
         deadline = time.monotonic() + RETRY_FOR_S
         while True:
             if self._producer is None:
                 self.start()
-            if self.horizon >= horizon_ms:
-                return False
+            fresh = [m for m in messages if m.at > self.horizon]
+            if not fresh:
+                return []
             try:
-                self._transaction(messages, horizon_ms)
-                self.horizon = horizon_ms
-                return True
+                self._transaction(fresh, max(horizon_ms, self.horizon))
+                self.horizon = max(horizon_ms, self.horizon)
+                return fresh
             except KafkaError as error:
                 if _fenced(error, self._producer):
                     self._fence(error)
                 if time.monotonic() > deadline:
                     raise
-                log.warning(
-                    "%s: transaction failed (%s: %s); starting a new producer",
-                    self.transactional_id,
-                    type(error).__name__,
-                    error,
-                )
-                self.close()
-                time.sleep(1.0)
+                self._retry_after(error, "transaction")
 
     def _transaction(self, messages: Sequence[Message], horizon_ms: int) -> None:
         from kafka import TopicPartition

@@ -95,7 +95,6 @@ class PublishExampleMessagesFn(beam.DoFn):  # type: ignore[misc]
         self._max_seq_len = max_seq_len
         # This bundle's transactions: partition -> (messages, horizon).
         self._pending: dict[int, tuple[list[Message], int]] = {}
-        self._examples_pending: dict[int, int] = {}
         self.messages = Metrics.counter(METRICS_NAMESPACE, "messages_published")
         self.examples = Metrics.counter(METRICS_NAMESPACE, "examples_published")
         self.skipped = Metrics.counter(METRICS_NAMESPACE, "examples_already_published")
@@ -104,7 +103,7 @@ class PublishExampleMessagesFn(beam.DoFn):  # type: ignore[misc]
 
     def start_bundle(self) -> None:
         """No transaction pending yet."""
-        self._pending, self._examples_pending = {}, {}
+        self._pending = {}
 
     def process(
         self,
@@ -147,6 +146,7 @@ class PublishExampleMessagesFn(beam.DoFn):  # type: ignore[misc]
                 continue
             messages.append(
                 Message(
+                    at=at,
                     key=str(message_key).encode(),
                     value=encode_example_message(
                         examples,
@@ -154,10 +154,8 @@ class PublishExampleMessagesFn(beam.DoFn):  # type: ignore[misc]
                         max_seq_len=self._max_seq_len,
                     ),
                     headers=message_headers(examples),
+                    examples=examples.num_rows,
                 )
-            )
-            self._examples_pending[partition] = (
-                self._examples_pending.get(partition, 0) + examples.num_rows
             )
         if messages:
             self._pending[partition] = (messages, max(horizon, fire - 1))
@@ -166,7 +164,7 @@ class PublishExampleMessagesFn(beam.DoFn):  # type: ignore[misc]
         publisher = partition_publisher(
             self._settings, self._topic, self._group, partition, self._partitions
         )
-        if publisher.starts == 0:
+        if not publisher.started:
             publisher.start()
             self.horizon_reads.inc()
         return publisher
@@ -174,12 +172,15 @@ class PublishExampleMessagesFn(beam.DoFn):  # type: ignore[misc]
     def finish_bundle(self) -> None:
         """Commit each partition's transaction before the bundle commits."""
         for partition, (messages, horizon) in sorted(self._pending.items()):
-            publisher = self._publisher(partition)
-            if publisher.publish(messages, horizon):
+            sent = self._publisher(partition).publish(messages, horizon)
+            if sent:
                 self.transactions.inc()
-                self.messages.inc(len(messages))
-                self.examples.inc(self._examples_pending.get(partition, 0))
-        self._pending, self._examples_pending = {}, {}
+                self.messages.inc(len(sent))
+                self.examples.inc(sum(m.examples for m in sent))
+            self.skipped.inc(
+                sum(m.examples for m in messages) - sum(m.examples for m in sent)
+            )
+        self._pending = {}
 
 
 class PublishExamples(beam.PTransform):  # type: ignore[misc]
