@@ -2,10 +2,11 @@
 and a restart lose nothing and publish nothing twice; a broker SIGKILLed and
 restarted on its log directory is waited out and nothing is lost.
 
-The restart mechanism (``pipelines/streaming/publish.py``): the restarted job
-replays the events topic and rebuilds its state; its publisher reads the
-example ids already on the examples topic (the ledger) and drops those, so
-the topic ends with every example exactly once.
+The restart mechanism (``pipelines/streaming/publish.py``): the job publishes
+in Kafka transactions, each with its partition's release horizon; the
+restarted job replays the events topic and rebuilds its state, its publisher
+reads the horizons (not the topic) and drops the releases at or below them,
+so the topic's committed records hold every example exactly once.
 
 The outage mechanism (``pipelines/streaming/kafka_source.py``): a bounded run
 stops a partition only after a full idle period that began and ended with a
@@ -87,16 +88,22 @@ def _generated(data: Path) -> tuple[pa.Table, set[str]]:
 def _freeze_at_first_example(
     job: subprocess.Popen[bytes], settings: KafkaSettings, topic: str
 ) -> None:
-    """SIGSTOP the job the moment the first example message reaches ``topic``.
+    """SIGSTOP the job the moment the first committed example message
+    reaches ``topic``.
 
-    A tailing consumer (short fetch waits) sees the first message within tens
-    of milliseconds, while the job is still releasing and sending the rest:
-    freezing it there puts the SIGKILL that follows in the middle of the
-    publishing, with some examples acknowledged and others not.
+    A tailing consumer (short fetch waits) sees the first committed
+    transaction within tens of milliseconds, while the job is still releasing
+    and sending the rest: freezing it there puts the SIGKILL that follows in
+    the middle of the publishing, with some transactions committed and
+    others open or not begun.
     """
     from kafka import TopicPartition
 
-    consumer = settings.consumer(enable_auto_commit=False, fetch_max_wait_ms=20)
+    consumer = settings.consumer(
+        enable_auto_commit=False,
+        fetch_max_wait_ms=20,
+        isolation_level="read_committed",
+    )
     try:
         tps = [TopicPartition(topic, p) for p in range(SHARDS)]
         consumer.assign(tps)
@@ -156,10 +163,13 @@ def test_sigkill_mid_publish_and_restart_lose_nothing_and_duplicate_nothing(
     after = _example_ids(kafka_settings, topics[1])
     assert len(after) == len(set(after)), "an example was published twice"
     assert set(after) == expected, "an example was lost"
-    # The restart recomputed everything and the ledger dropped what was there.
+    # The restart recomputed everything and dropped, by the horizons, exactly
+    # what was committed before the kill; each partition's horizon was read
+    # once.
     assert counts["examples"] == len(expected)
     assert counts.get("examples_already_published", 0) == len(before)
     assert counts.get("examples_published", 0) == len(expected) - len(before)
+    assert counts.get("horizon_reads", 0) == SHARDS
 
 
 OUTAGE_SECONDS = 4.0

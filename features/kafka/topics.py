@@ -110,13 +110,16 @@ def topic_records(settings: KafkaSettings, topic: str) -> Iterator[Any]:
 
     No group: nothing is committed. Records published after the call begins
     are left out; a topic that does not exist yields nothing. Fetches allow
-    messages of :data:`~features.kafka.settings.MAX_MESSAGE_BYTES`.
+    messages of :data:`~features.kafka.settings.MAX_MESSAGE_BYTES`. Committed
+    records only: a transactional producer's aborted or still open ones are
+    not records of the topic (the end offsets are then the last stable ones).
     """
     from kafka import TopicPartition
 
     consumer = settings.consumer(
         group_id=None,
         enable_auto_commit=False,
+        isolation_level="read_committed",
         max_partition_fetch_bytes=MAX_MESSAGE_BYTES,
         fetch_max_bytes=2 * MAX_MESSAGE_BYTES,
     )

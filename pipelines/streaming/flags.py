@@ -41,7 +41,7 @@ class StreamingJobConfig:
     stream_start: str = flag_field(
         "earliest",
         "earliest: replay the topic and rebuild the state (Prism "
-        "keeps none across restarts; the example-id ledger drops what was "
+        "keeps none across restarts; the release horizons drop what was "
         "already published); committed: resume at the group's committed "
         "offsets (runners that restore checkpointed state)",
         choices=("earliest", "committed"),

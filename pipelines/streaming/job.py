@@ -15,6 +15,8 @@ The stages (each a stateful DoFn keyed by shard, timers in event time)::
         |                        |-- answers --+            |-- push rows --+
         '-- ShardByUser --------------------> UserShardFn                   |
                                    |-- example messages -> PublishExamples  |
+                                   |   (keyed by examples partition, one    |
+                                   |    transaction per partition & bundle) |
                                    '-- push rows ----------------------> PushToFeast
 
 Locally it runs on Prism, Beam's portable local runner, which streams: every
@@ -60,7 +62,11 @@ from pipelines.streaming.kafka_source import (
     ReadEventStream,
 )
 from pipelines.streaming.offsets import CommitOffsetsFn, Mark
-from pipelines.streaming.publish import PublishDeadLettersFn, PublishExampleMessagesFn
+from pipelines.streaming.publish import (
+    PublishDeadLettersFn,
+    PublishExamples,
+    topic_partition_count,
+)
 from pipelines.streaming.tables import PUSH, state_bytes
 from pipelines.streaming.user_state import UserShardFn, shard_events
 
@@ -191,9 +197,13 @@ def _add_stages(pipeline: beam.Pipeline, job: _Job) -> None:
         from_committed=stream.stream_start == "committed",
     )
     user, entity = _add_state_stages(read, job)
-    published = user.messages | "PublishExamples" >> beam.ParDo(
-        PublishExampleMessagesFn(job.settings, build.examples_topic, config.max_seq_len)
-    ).with_output_types(Mark)
+    published = user.messages | "PublishExamples" >> PublishExamples(
+        job.settings,
+        build.examples_topic,
+        group=build.kafka_group_id,
+        partitions=topic_partition_count(job.settings, build.examples_topic),
+        max_seq_len=config.max_seq_len,
+    )
     # The committer reads the publisher's (empty) output too: its watermark
     # then waits for every release to be on the topic (see .offsets).
     _ = (

@@ -15,7 +15,7 @@ the group's committed position: what a lag dashboard reads, and where a
 restart of a runner with checkpointed state (Flink, Dataflow) would resume;
 Prism keeps no state across a restart, so the streaming job
 replays the topic from the beginning (``--stream-start earliest``) and relies
-on the example-id ledger (:mod:`.publish`) instead.
+on the publisher's release horizons (:mod:`.publish`) instead.
 """
 
 from __future__ import annotations

@@ -76,6 +76,25 @@ def due_times(times: IntArray, config: StreamConfig) -> IntArray:
     )
 
 
+def by_due_time(
+    examples: pa.Table, segments: pa.Table, config: StreamConfig
+) -> list[tuple[int, pa.Table, pa.Table]]:
+    """A release's examples split by due time, each with the segments its
+    windows need: ``(due, examples, segments)``, earliest first. A release
+    covers several due times when a later timer fired first."""
+    due = due_times(times_ms(examples), config)
+    times = np.unique(due).tolist()
+    if len(times) == 1:
+        return [(int(times[0]), examples, segments)]
+    parts = []
+    for time in times:
+        part = examples.filter(pa.array(due == time))
+        parts.append(
+            (int(time), part, timeline_segments(part, segments, config.max_seq_len))
+        )
+    return parts
+
+
 def _per_user(users: IntArray, table: pa.Table) -> IntArray:
     """``dropped`` of each user (0 when absent)."""
     if table.num_rows == 0:

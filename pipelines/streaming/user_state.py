@@ -52,6 +52,7 @@ from apache_beam.transforms.userstate import (
     TimerSpec,
     on_timer,
 )
+from apache_beam.transforms.window import TimestampedValue
 
 from pipelines.core.columns import IntArray, to_int64
 from pipelines.core.counters import ENTITY_KINDS
@@ -64,7 +65,11 @@ from pipelines.streaming.event_ids import (
     holding_losers,
     winners_of,
 )
-from pipelines.streaming.event_timers import newly_fired, set_at_each
+from pipelines.streaming.event_timers import (
+    ms_to_timestamp,
+    newly_fired,
+    set_at_each,
+)
 from pipelines.streaming.state_mirror import TOKEN as MIRROR_TOKEN
 from pipelines.streaming.state_mirror import MirroredState, StateMirror
 from pipelines.streaming.tables import (
@@ -80,6 +85,7 @@ from pipelines.streaming.tables import (
 )
 from pipelines.streaming.user_release import (
     Dimensions,
+    by_due_time,
     due_times,
     release_user_shard,
     user_push_rows,
@@ -213,8 +219,9 @@ class UserShardFn(beam.DoFn):  # type: ignore[misc]
         notes: Any = _NOTES_PARAM,
         token: Any = _TOKEN_PARAM,
         released: Any = _RELEASED_PARAM,
-    ) -> Iterator[ExampleMessage]:
-        """Release every impression due by now not released yet; compact the
+    ) -> Iterator[TimestampedValue]:
+        """Release every impression due by now not released yet (one
+        :data:`ExampleMessage` per due time, at that time); compact the
         state when it is due (:func:`~.tables.due_for_compaction`)."""
         assert self._dims is not None
         fired = newly_fired(fire_at, released)
@@ -254,11 +261,16 @@ class UserShardFn(beam.DoFn):  # type: ignore[misc]
         self.releases.inc()
         if result.examples.num_rows:
             self.examples.inc(result.examples.num_rows)
-            yield (
-                int(key),
-                state_bytes(result.examples),
-                state_bytes(result.segments),
-            )
+            # Each due time's examples leave at that time: the publisher
+            # takes the watermark passing T to mean "every release up to T
+            # is here", whichever timer released them.
+            for due, examples, segments in by_due_time(
+                result.examples, result.segments, self._config
+            ):
+                yield TimestampedValue(
+                    (int(key), state_bytes(examples), state_bytes(segments)),
+                    ms_to_timestamp(due),
+                )
 
 
 def load_dimensions(input_dir: str) -> Dimensions:

@@ -16,6 +16,13 @@ the group's committed offset, else the earliest (always the earliest with
 ``start_at_earliest``: a new model beside unusable checkpoints). The last
 requested commit is sent before the consumer closes.
 
+Transactions: the streaming job publishes in Kafka transactions, so the
+consumer reads committed records only (``read_committed``): an aborted
+transaction's records are skipped, and an open one holds its partition back
+until it commits. Each commit leaves a marker at an offset no record is read
+at: offsets are not consecutive, and a partition read to its end shows a
+lag of the one marker after its last record.
+
 Poison: a record that gives no batch (:mod:`trainer.data.record_decoder`)
 becomes a dead letter (:mod:`trainer.data.dead_letter_writer`) and an
 :class:`Item` with ``batch=None``, so the loop still advances past it.
@@ -286,6 +293,7 @@ class KafkaSource:
         consumer = self.settings.consumer(
             group_id=self.group,
             enable_auto_commit=False,
+            isolation_level="read_committed",
             auto_offset_reset="earliest",
             max_partition_fetch_bytes=MAX_MESSAGE_BYTES,
         )
