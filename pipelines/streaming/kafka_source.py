@@ -68,7 +68,7 @@ from features.kafka.topics import topic_partitions
 from pipelines.beam.runner import runner_name
 from pipelines.streaming.config import METRICS_NAMESPACE
 from pipelines.streaming.event_timers import ms_to_timestamp
-from pipelines.streaming.reader_consumer import ReaderConsumer
+from pipelines.streaming.reader_consumer import ReaderConsumer, RetentionGap
 from pipelines.streaming.tables import STREAM_EVENT_SCHEMA
 from pipelines.streaming.topic_positions import (
     END,
@@ -197,7 +197,7 @@ class ReadTopicFn(beam.DoFn):  # type: ignore[misc]
         consumer = self._consumer_for(element)
         moved = consumer.at(tracker.current_restriction())
         if not (
-            self._skip_lost(consumer, moved, tracker)
+            self._skip_lost(consumer, consumer.gaps(moved), tracker)
             and self._join_added(consumer, tracker, watermark)
         ):
             return []
@@ -232,12 +232,12 @@ class ReadTopicFn(beam.DoFn):  # type: ignore[misc]
     def _skip_lost(
         self,
         consumer: ReaderConsumer,
-        partitions: list[int],
+        gaps: list[RetentionGap],
         tracker: TopicPositionsTracker,
     ) -> bool:
         """Claim past what retention deleted before it was read, and say so
         (a counter and a warning); False when a claim failed."""
-        for gap in consumer.gaps(partitions):
+        for gap in gaps:
             if not tracker.try_claim(ReadFrom(gap.partition, gap.earliest)):
                 return False
             consumer.seek(gap.partition, gap.earliest)
@@ -275,7 +275,7 @@ class ReadTopicFn(beam.DoFn):  # type: ignore[misc]
                 consumer.read.reader + 1,
                 consumer.read.readers,
             )
-            if not self._skip_lost(consumer, [partition], tracker):
+            if not self._skip_lost(consumer, consumer.gaps([partition]), tracker):
                 return False
         return True
 
@@ -315,9 +315,9 @@ class ReadTopicFn(beam.DoFn):  # type: ignore[misc]
             The outputs, and False when a claim failed (the call must end).
         """
         polled = time.monotonic()
-        records, lost = consumer.poll()
-        if lost:
-            return [], self._skip_lost(consumer, lost, tracker)
+        records, gaps = consumer.poll()
+        if gaps:
+            return [], self._skip_lost(consumer, gaps, tracker)
         outputs: list[Any] = []
         claimed_all = True
         for tp in sorted(records, key=lambda tp: tp.partition):

@@ -113,22 +113,43 @@ class ReaderConsumer:
         found = self._consumer.partitions_for_topic(self.read.topic) or set()
         return sorted(p for p in found if self.read.owns(p) and p not in self.next)
 
-    def gaps(self, partitions: Iterable[int]) -> list[RetentionGap]:
-        """Where retention deleted records the reader has not read yet."""
+    def gaps(
+        self, partitions: Iterable[int], out_of_range: bool = False
+    ) -> list[RetentionGap]:
+        """Where retention deleted records the reader has not read yet.
+
+        ``out_of_range``: the broker said these positions are outside the
+        log; one at or past its start is past its end, which no retention
+        explains (a topic deleted and created again): an error naming it.
+        """
+        from kafka.errors import KafkaError
+
         wanted = [p for p in partitions if p in self.next]
         if not wanted:
             return []
-        earliest = self._consumer.beginning_offsets([self._tp(p) for p in wanted])
+        try:
+            earliest = self._consumer.beginning_offsets([self._tp(p) for p in wanted])
+        except KafkaError as error:
+            # The broker is away: a position it no longer has fails the
+            # next fetch, which asks again.
+            log.info("earliest offsets unknown (%s); asked again later", error)
+            return []
         gaps = []
         for partition in wanted:
             first = int(earliest[self._tp(partition)])
             if first > self.next[partition]:
                 gaps.append(RetentionGap(partition, self.next[partition], first))
+            elif out_of_range:
+                raise RuntimeError(
+                    f"partition {self.read.topic}/{partition}: offset "
+                    f"{self.next[partition]} is past the log's end (was the "
+                    "topic deleted and created again?)"
+                )
         return gaps
 
-    def poll(self) -> tuple[dict[Any, list[Any]], list[int]]:
-        """One poll: the records by partition, and the partitions whose
-        position the broker no longer has (see :meth:`gaps`)."""
+    def poll(self) -> tuple[dict[Any, list[Any]], list[RetentionGap]]:
+        """One poll: the records by partition, and the retention gaps the
+        broker found under the reader's positions."""
         from kafka.errors import OffsetOutOfRangeError
 
         try:
@@ -137,7 +158,8 @@ class ReaderConsumer:
             lost = error.args[0] if error.args else {}
             if not isinstance(lost, dict):
                 lost = {}
-            return {}, sorted(tp.partition for tp in lost) or sorted(self.next)
+            partitions = sorted(tp.partition for tp in lost) or sorted(self.next)
+            return {}, self.gaps(partitions, out_of_range=True)
         return records, []
 
     def lag(self) -> dict[int, int]:
