@@ -23,7 +23,7 @@ from apache_beam.options.pipeline_options import PipelineOptions, StandardOption
 
 from features.events import MAX_CLOCK_SKEW_MS, encode_event
 from features.kafka import KafkaSettings
-from pipelines.beam.runner import job_counters
+from pipelines.beam.runner import job_counters, job_gauges
 from pipelines.streaming.config import METRICS_NAMESPACE
 from pipelines.streaming.job import choose_streaming_runner
 from pipelines.streaming.kafka_source import DEAD_LETTERS, ReadEventStream
@@ -93,6 +93,9 @@ class ReaderRun:
         self.result.wait_until_finish()
         return job_counters(self.result, METRICS_NAMESPACE)
 
+    def gauges(self) -> dict[str, Any]:
+        return job_gauges(self.result, METRICS_NAMESPACE)
+
 
 def start_reader(
     settings: KafkaSettings,
@@ -148,6 +151,11 @@ def test_records_deleted_by_retention_are_skipped_and_reported(
     )
     assert counts["events_lost_to_retention"] == 12
     assert counts["events_read"] == 28
+    # Read to the end of both partitions, as the lag gauges say.
+    metrics = run.gauges()
+    assert metrics["gauges"]["consumer_lag_records.0"] == 0
+    assert metrics["gauges"]["consumer_lag_records.1"] == 0
+    assert metrics["distributions"]["watermark_delay_ms"]["count"] > 0
     warned = [r.getMessage() for r in caplog.records if "retention" in r.getMessage()]
     assert warned == [
         f"partition {topic}/0: offsets 0 to 11 were deleted by retention before "
