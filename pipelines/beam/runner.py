@@ -124,3 +124,36 @@ def job_counters(result: Any, namespace: str) -> dict[str, int]:
         name = counter.key.metric.name
         found[name] = found.get(name, 0) + int(value or 0)
     return found
+
+
+def job_gauges(result: Any, namespace: str) -> dict[str, Any]:
+    """The finished job's Beam gauges (``gauges``: the latest value of each)
+    and distributions (``distributions``: count, sum, min, max, mean) in
+    ``namespace``, by name; committed values where the runner reports them,
+    else attempted ones."""
+    query = result.metrics().query(MetricsFilter().with_namespace(namespace))
+    gauges: dict[str, tuple[Any, int]] = {}
+    for gauge in query["gauges"]:
+        value = gauge.committed or gauge.attempted
+        if value is None or value.value is None:
+            continue
+        name = gauge.key.metric.name
+        seen = gauges.get(name)
+        if seen is None or value.timestamp > seen[0]:
+            gauges[name] = (value.timestamp, int(value.value))
+    distributions: dict[str, dict[str, Any]] = {}
+    for dist in query["distributions"]:
+        data = dist.committed or dist.attempted
+        if data is None or not data.count:
+            continue
+        distributions[dist.key.metric.name] = {
+            "count": int(data.count),
+            "sum": int(data.sum),
+            "min": int(data.min),
+            "max": int(data.max),
+            "mean": float(data.mean),
+        }
+    return {
+        "gauges": {name: value for name, (_, value) in sorted(gauges.items())},
+        "distributions": distributions,
+    }

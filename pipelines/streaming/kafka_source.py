@@ -1,26 +1,38 @@
 """``ReadEventStream``: an unbounded Kafka read as a splittable DoFn (kafka-python).
 
-One element per topic, read by one consumer assigned to every partition. Its
-restriction is the next offset of each partition (:class:`TopicPositions`),
-with no end. Each ``process`` call polls for up to ``CALL_SECONDS``, claims
-the offsets it read, and defers the rest (``defer_remainder``): the runner
-checkpoints the positions between calls, which is how an unbounded source
-runs on Prism, Flink and Dataflow alike. A bounded run (``idle_seconds``)
-ends the restriction once the whole topic has been idle.
+One element per reader (:class:`TopicRead`), read by one consumer assigned to
+the reader's partitions. Its restriction is the next offset of each of them
+(:class:`TopicPositions`), with no end. Each ``process`` call polls for up to
+``CALL_SECONDS``, claims the offsets it read, and defers the rest
+(``defer_remainder``): the runner checkpoints the positions between calls,
+which is how an unbounded source runs on Prism, Flink and Dataflow alike. A
+bounded run (``idle_seconds``) ends a reader once its partitions have been idle.
 
-One restriction holds every partition, so that the source's watermark, the
-minimum over the partitions of ``max event time seen - out_of_orderness``,
-is taken where all of them are read (:mod:`.topic_positions`).
+How many readers: one per partition at the start, each with its own
+watermark, where the runner combines the readers' watermarks (Flink,
+Dataflow); one for the whole topic on Prism (:func:`one_reader`). A
+partition added to the topic while the job runs joins reader
+``partition % readers`` within :data:`~.reader_consumer.PARTITION_REFRESH_MS`.
+A reader's watermark is the minimum over its partitions of ``max event time
+seen - out_of_orderness`` (:mod:`.topic_positions`).
 
 Each poll is decoded and validated (:func:`features.events.decode_event`)
-right here, because the watermark is event time. An event is
+right here, because the watermark is event time. An event is judged against
+its own partition's mark (or the reader's watermark where that is later:
+:meth:`~.topic_positions.PartitionWatermarks.lateness_reference_ms`), never
+against another partition's clock. It is
 
-- *on time* when its time is at or after the watermark;
-- *late but allowed* when it is less than ``allowed_lateness`` behind the
-  watermark: it goes on with the others and is incorporated (the stateful
-  stages keep their results open that long; see :mod:`.user_state`);
+- *on time* when its time is at or after that mark;
+- *late but allowed* when it is less than ``allowed_lateness`` behind it: it
+  goes on with the others and is incorporated (the stateful stages keep
+  their results open that long; see :mod:`.user_state`);
 - *too late* when it is ``allowed_lateness`` or more behind: a dead letter
   with reason ``late: ...`` (never silently dropped).
+
+Records that retention deleted before the reader got to them are skipped
+and reported: a warning naming the partition, the offset expected, the
+earliest retained one and the count, and the ``events_lost_to_retention``
+counter.
 
 Output: per call, one :class:`EventBatch` (the valid events of all its polls
 and partitions, in EVENT_SCHEMA plus the Kafka record time ``published_ms``),
@@ -36,6 +48,7 @@ job's durability rule (:mod:`.offsets`).
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -45,20 +58,22 @@ import apache_beam as beam
 import pyarrow as pa
 from apache_beam import pvalue
 from apache_beam.metrics import Metrics
+from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.utils.timestamp import Duration, Timestamp
 
 from features.deadletter import DeadLetter
 from features.events import EVENT_SCHEMA, decode_event, now_ms
 from features.kafka import KafkaSettings
-from features.kafka.settings import EVENT_FETCH_BYTES
 from features.kafka.topics import topic_partitions
+from pipelines.beam.runner import runner_name
 from pipelines.streaming.config import METRICS_NAMESPACE
 from pipelines.streaming.event_timers import ms_to_timestamp
+from pipelines.streaming.reader_consumer import ReaderConsumer, RetentionGap
 from pipelines.streaming.tables import STREAM_EVENT_SCHEMA
 from pipelines.streaming.topic_positions import (
     END,
     PartitionWatermarks,
-    TopicPositions,
+    ReadFrom,
     TopicPositionsTracker,
     TopicRead,
     TopicRestrictions,
@@ -68,19 +83,13 @@ from pipelines.streaming.topic_positions import (
 DEAD_LETTERS: Final = "dead_letters"
 MARKS: Final = "marks"
 EVENTS: Final = "events"
-POLL_MS: Final = 100
-MAX_RECORDS: Final = 20_000
 CALL_SECONDS: Final = 0.5
 """A call's outputs reach the next stages when its bundle ends: this bounds
 what the reader adds to an event's freshness."""
-PROBE_TIMEOUT_MS: Final = 3_000
-PROBE_SLOW_SECONDS: Final = 1.5
-"""Bounded runs: a broker round trip slower than this (a fetch long-poll ahead
-of it on the connection takes up to 0.5 s) counts as the broker being quiet
-(see :meth:`ReadTopicFn._idle_confirmed_now`) ..."""
-MAX_SLOW_PROBES: Final = 3
-"""... up to this many times in a row: a broker that is always that slow (an
-overloaded machine) must not keep a bounded run from ever finishing."""
+ONE_READER_RUNNERS: Final = frozenset({"PrismRunner", "DirectRunner"})
+"""Runners that keep a splittable DoFn's watermark from the bundle finished
+last instead of combining the restrictions': one reader makes it the minimum."""
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -132,45 +141,38 @@ class ReadTopicFn(beam.DoFn):  # type: ignore[misc]
         self._lateness = allowed_lateness_ms
         self._idle_seconds = idle_seconds
         self._now = now_ms
-        self._consumer: Any = None
-        # Bounded runs: seconds spent polling since the last message. Only
-        # polling time counts: between two calls the runner runs the stages
-        # after the reader, which says nothing about whether the topic is idle.
-        self._quiet_for = 0.0
-        self._idle_confirmed = False
-        self._slow_probes = 0
+        self._consumers: dict[tuple[str, int], ReaderConsumer] = {}
         self.read = Metrics.counter(METRICS_NAMESPACE, "events_read")
         self.valid = Metrics.counter(METRICS_NAMESPACE, "events_valid")
         self.invalid = Metrics.counter(METRICS_NAMESPACE, "events_dead_lettered")
         self.late_allowed = Metrics.counter(METRICS_NAMESPACE, "events_late_allowed")
         self.too_late = Metrics.counter(METRICS_NAMESPACE, "events_too_late")
         self.broker_quiet = Metrics.counter(METRICS_NAMESPACE, "broker_quiet_probes")
+        self.lost = Metrics.counter(METRICS_NAMESPACE, "events_lost_to_retention")
+        self.joined = Metrics.counter(METRICS_NAMESPACE, "partitions_joined")
+        self.delay = Metrics.distribution(METRICS_NAMESPACE, "watermark_delay_ms")
 
     def teardown(self) -> None:
-        """Close the consumer."""
-        if self._consumer is not None:
-            self._consumer.close()
-            self._consumer = None
+        """Close the consumers."""
+        for consumer in self._consumers.values():
+            consumer.close()
+        self._consumers.clear()
 
-    def _consumer_at(self, topic: str, positions: TopicPositions) -> Any:
-        """The consumer (kept across calls), at the restriction's offsets."""
-        from kafka import TopicPartition
-
-        if self._consumer is None:
-            self._consumer = self._settings.consumer(
-                group_id=self._group_id,
-                enable_auto_commit=False,
-                max_partition_fetch_bytes=EVENT_FETCH_BYTES,
+    def _consumer_for(self, element: TopicRead) -> ReaderConsumer:
+        """The reader's consumer (kept across calls)."""
+        key = (element.topic, element.reader)
+        if key not in self._consumers:
+            self._consumers[key] = ReaderConsumer(
+                self._settings, self._group_id, element
             )
-            self._consumer.assign([TopicPartition(topic, p) for p, _ in positions.next])
-            for partition, offset in positions.next:
-                self._consumer.seek(TopicPartition(topic, partition), offset)
-            return self._consumer
-        for partition, offset in positions.next:
-            tp = TopicPartition(topic, partition)
-            if self._consumer.position(tp) != offset:
-                self._consumer.seek(tp, offset)
-        return self._consumer
+            log.info(
+                "reader %d of %d of topic %s reads partitions %s",
+                element.reader + 1,
+                element.readers,
+                element.topic,
+                [p for p, _ in element.starts],
+            )
+        return self._consumers[key]
 
     @beam.DoFn.unbounded_per_element()
     def process(
@@ -192,68 +194,118 @@ class ReadTopicFn(beam.DoFn):  # type: ignore[misc]
         """Poll until ``CALL_SECONDS`` have passed, a claim fails or a bounded
         run is finished; the outputs of every poll, in order."""
         started = time.monotonic()
-        consumer = self._consumer_at(element.topic, tracker.current_restriction())
+        consumer = self._consumer_for(element)
+        moved = consumer.at(tracker.current_restriction())
+        if not (
+            self._skip_lost(consumer, consumer.gaps(moved), tracker)
+            and self._join_added(consumer, tracker, watermark)
+        ):
+            return []
         outputs: list[Any] = []
-        while True:
-            if tracker.current_restriction().finished:
-                return outputs  # checkpointed by the runner: resumed later
-            polled, claimed_all = self._poll(element, consumer, tracker, watermark)
-            outputs += polled
-            if not claimed_all:
-                return outputs
-            if self._idle_seconds is not None and self._quiet_for > self._idle_seconds:
-                if not self._idle_confirmed_now(consumer, element.topic):
-                    # Idle time counts only from a moment the broker answered.
-                    self._quiet_for = 0.0
-                    continue
-                # Bounded run: the topic is finished. The watermark then goes
-                # to the end of time and every timer downstream fires.
-                tracker.try_claim(END)
-                return outputs
-            if time.monotonic() - started > CALL_SECONDS:
-                tracker.defer_remainder(Duration.of(0))
-                return outputs
-
-    def _idle_confirmed_now(self, consumer: Any, topic: str) -> bool:
-        """Bounded runs: is the topic's idleness the topic's, not the broker's?
-
-        An empty poll looks the same whether the topic is quiet or the broker
-        is down (paused, restarting, unreachable). So the read is finished
-        only after a full idle period that *began* with a broker round trip
-        (ListOffsets) coming back and ends with another: the first probe of
-        an idle topic only starts that period, counted from its answer. A
-        broker that does not answer (or answers late, as a paused one does
-        once resumed) restarts it, so producers that were blocked by the
-        outage get a full idle period to deliver what they buffered.
-        """
-        from kafka.errors import KafkaError
-
-        started = time.monotonic()
         try:
-            consumer.end_offsets(
-                list(consumer.assignment()), timeout_ms=PROBE_TIMEOUT_MS
+            while True:
+                if tracker.current_restriction().finished:
+                    return outputs  # checkpointed by the runner: resumed later
+                polled, claimed_all = self._poll(element, consumer, tracker, watermark)
+                outputs += polled
+                if not claimed_all:
+                    return outputs
+                if self._idle_seconds is not None and (
+                    consumer.quiet_for > self._idle_seconds
+                ):
+                    confirmed, quiet = consumer.idle_confirmed_now()
+                    self.broker_quiet.inc(int(quiet))
+                    if not confirmed:
+                        # Idle time counts only from a moment the broker answered.
+                        consumer.quiet_for = 0.0
+                        continue
+                    # Bounded run: the topic is finished. The watermark then
+                    # goes to the end of time and every timer downstream fires.
+                    tracker.try_claim(END)
+                    return outputs
+                if time.monotonic() - started > CALL_SECONDS:
+                    tracker.defer_remainder(Duration.of(0))
+                    return outputs
+        finally:
+            self._report(element, consumer, watermark)
+
+    def _skip_lost(
+        self,
+        consumer: ReaderConsumer,
+        gaps: list[RetentionGap],
+        tracker: TopicPositionsTracker,
+    ) -> bool:
+        """Claim past what retention deleted before it was read, and say so
+        (a counter and a warning); False when a claim failed."""
+        for gap in gaps:
+            if not tracker.try_claim(ReadFrom(gap.partition, gap.earliest)):
+                return False
+            consumer.seek(gap.partition, gap.earliest)
+            self.lost.inc(gap.skipped)
+            log.warning(
+                "partition %s/%d: offsets %d to %d were deleted by retention "
+                "before they were read; reading from %d (%d records skipped)",
+                consumer.read.topic,
+                gap.partition,
+                gap.expected,
+                gap.earliest - 1,
+                gap.earliest,
+                gap.skipped,
             )
-        except KafkaError:
-            self.broker_quiet.inc()
-            self._idle_confirmed = False
-            return False
-        slow = time.monotonic() - started > PROBE_SLOW_SECONDS
-        if slow and self._slow_probes < MAX_SLOW_PROBES:
-            self._slow_probes += 1
-            self.broker_quiet.inc()
-            self._idle_confirmed = False
-            return False
-        if not slow:
-            self._slow_probes = 0
-        if not self._idle_confirmed:
-            self._idle_confirmed = True
-            return False
         return True
+
+    def _join_added(
+        self,
+        consumer: ReaderConsumer,
+        tracker: TopicPositionsTracker,
+        watermark: PartitionWatermarks,
+    ) -> bool:
+        """Read the reader's partitions added to the topic, from their start;
+        False when a claim failed."""
+        for partition in consumer.joined():
+            if not tracker.try_claim(ReadFrom(partition, 0)):
+                return False
+            consumer.add(partition, 0)
+            watermark.add(partition)
+            self.joined.inc()
+            log.info(
+                "partition %s/%d joined reader %d of %d",
+                consumer.read.topic,
+                partition,
+                consumer.read.reader + 1,
+                consumer.read.readers,
+            )
+            if not self._skip_lost(consumer, consumer.gaps([partition]), tracker):
+                return False
+        return True
+
+    def _report(
+        self,
+        element: TopicRead,
+        consumer: ReaderConsumer,
+        watermark: PartitionWatermarks,
+    ) -> None:
+        """The gauges an operator alerts on: each partition's lag behind its
+        log end and each partition's mark behind the wall clock; the
+        reader's watermark delay as a distribution."""
+        wall = now_ms()
+        for partition, lag in consumer.lag().items():
+            Metrics.gauge(METRICS_NAMESPACE, f"consumer_lag_records.{partition}").set(
+                lag
+            )
+        for partition in consumer.next:
+            mark = watermark.partition_mark_ms(partition)
+            if mark is not None:
+                name = f"partition_watermark_delay_ms.{partition}"
+                Metrics.gauge(METRICS_NAMESPACE, name).set(wall - mark)
+        mark = watermark.mark_ms()
+        if mark is not None:
+            self.delay.update(wall - mark)
 
     def _poll(
         self,
         element: TopicRead,
-        consumer: Any,
+        consumer: ReaderConsumer,
         tracker: TopicPositionsTracker,
         watermark: PartitionWatermarks,
     ) -> tuple[list[Any], bool]:
@@ -263,7 +315,9 @@ class ReadTopicFn(beam.DoFn):  # type: ignore[misc]
             The outputs, and False when a claim failed (the call must end).
         """
         polled = time.monotonic()
-        records = consumer.poll(timeout_ms=POLL_MS, max_records=MAX_RECORDS)
+        records, gaps = consumer.poll()
+        if gaps:
+            return [], self._skip_lost(consumer, gaps, tracker)
         outputs: list[Any] = []
         claimed_all = True
         for tp in sorted(records, key=lambda tp: tp.partition):
@@ -273,11 +327,8 @@ class ReadTopicFn(beam.DoFn):  # type: ignore[misc]
             outputs += batch_outputs
             if not claimed_all:
                 break
-        if any(records.values()):
-            self._quiet_for = 0.0
-            self._idle_confirmed = False
-        else:
-            self._quiet_for += time.monotonic() - polled
+            consumer.next[tp.partition] = records[tp][-1].offset + 1
+        consumer.heard(any(records.values()), time.monotonic() - polled)
         return outputs, claimed_all
 
     def _read_partition(
@@ -317,9 +368,9 @@ class ReadTopicFn(beam.DoFn):  # type: ignore[misc]
                 )
                 continue
             event_time = int(decoded.event["event_time"])
-            # Lateness is judged against the source's watermark (what the
-            # stages after it have seen), moved message by message.
-            mark = watermark.mark_ms()
+            # Lateness is judged against the partition's own mark (or what
+            # this reader has passed on, if later), moved message by message.
+            mark = watermark.lateness_reference_ms(partition)
             if mark is not None and event_time <= mark - self._lateness:
                 too_late += 1
                 reason = (
@@ -417,16 +468,22 @@ def _dead_letter(
 
 
 class StartOf(beam.DoFn):  # type: ignore[misc]
-    """A topic -> its :class:`TopicRead`: every partition from the beginning
-    (replay: the state is rebuilt from the events) or from the group's
-    committed offsets (runners whose checkpoints restore the state)."""
+    """A topic -> its readers (:class:`TopicRead`): every partition from the
+    beginning (replay: the state is rebuilt from the events) or from the
+    group's committed offsets (runners whose checkpoints restore the state);
+    one reader per partition, or one for them all."""
 
     def __init__(
-        self, settings: KafkaSettings, group_id: str, from_committed: bool
+        self,
+        settings: KafkaSettings,
+        group_id: str,
+        from_committed: bool,
+        one_reader: bool,
     ) -> None:
         self._settings = settings
         self._group_id = group_id
         self._from_committed = from_committed
+        self._one_reader = one_reader
 
     def process(self, topic: str) -> Iterator[TopicRead]:
         """Ask the cluster for the partitions and the group's offsets."""
@@ -441,7 +498,19 @@ class StartOf(beam.DoFn):  # type: ignore[misc]
                 if self._from_committed:
                     committed = consumer.committed(TopicPartition(topic, partition))
                 starts.append((partition, committed or 0))
-        yield TopicRead(topic, tuple(starts))
+        if self._one_reader:
+            yield TopicRead(topic, tuple(starts))
+            return
+        # Partitions are numbered 0..n-1: reader p reads partition p, and a
+        # partition added later joins reader (partition % n).
+        for partition, start in starts:
+            yield TopicRead(topic, ((partition, start),), len(starts), partition)
+
+
+def one_reader(options: PipelineOptions) -> bool:
+    """Whether the runner needs the whole topic in one reader
+    (:data:`ONE_READER_RUNNERS`)."""
+    return runner_name(options) in ONE_READER_RUNNERS
 
 
 class _SplitByKind(beam.DoFn):  # type: ignore[misc]
@@ -458,7 +527,11 @@ class _SplitByKind(beam.DoFn):  # type: ignore[misc]
 
 class ReadEventStream(beam.PTransform):  # type: ignore[misc]
     """Event batches (main), dead-letter lines (``dead_letters``) and progress
-    marks (``marks``, see :mod:`.offsets`) from a topic."""
+    marks (``marks``, see :mod:`.offsets`) from a topic.
+
+    ``one_reader``: read every partition in one restriction (None: as the
+    pipeline's runner needs, :func:`one_reader`).
+    """
 
     def __init__(
         self,
@@ -471,10 +544,14 @@ class ReadEventStream(beam.PTransform):  # type: ignore[misc]
         idle_seconds: float | None = None,
         now_ms: int | None = None,
         from_committed: bool = False,
+        one_reader: bool | None = None,
     ) -> None:
         super().__init__()
         self._topic = topic
-        self._start = StartOf(settings, group_id, from_committed)
+        self._settings = settings
+        self._group_id = group_id
+        self._from_committed = from_committed
+        self._one_reader = one_reader
         self._reader = ReadTopicFn(
             settings,
             group_id,
@@ -485,11 +562,15 @@ class ReadEventStream(beam.PTransform):  # type: ignore[misc]
         )
 
     def expand(self, pbegin: beam.pvalue.PBegin) -> Any:
-        """The topic's start offsets, then the splittable read."""
+        """The topic's readers and their start offsets, then the splittable read."""
+        single = self._one_reader
+        if single is None:
+            single = one_reader(pbegin.pipeline.options)
+        start = StartOf(self._settings, self._group_id, self._from_committed, single)
         return (
             pbegin
             | "Topic" >> beam.Create([self._topic])
-            | "Start" >> beam.ParDo(self._start)
+            | "Start" >> beam.ParDo(start)
             | "Read" >> beam.ParDo(self._reader)
             | "ByKind"
             >> beam.ParDo(_SplitByKind()).with_outputs(DEAD_LETTERS, MARKS, main=EVENTS)

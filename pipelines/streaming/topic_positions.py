@@ -2,16 +2,17 @@
 how far event time has come.
 
 The splittable read (:class:`~pipelines.streaming.kafka_source.ReadTopicFn`)
-has one element per topic; its restriction is the next offset of each
-partition (:class:`TopicPositions`), with no end, and its watermark the
-minimum over the partitions of ``max event time seen - out_of_orderness``
-(:class:`PartitionWatermarks`).
+has one element per reader (:class:`TopicRead`): reader ``r`` of ``n`` reads
+the partitions ``p`` with ``p % n == r``, also those added to the topic
+while it runs. Its restriction is the next offset of each of its partitions
+(:class:`TopicPositions`), with no end, and its watermark the minimum over
+them of ``max event time seen - out_of_orderness`` (:class:`PartitionWatermarks`).
 
-Why one restriction for all partitions: that minimum can only be taken where
-all partitions are read. With one restriction per partition the runner would
-have to combine their estimates; Prism keeps the estimate of the bundle it
-finished last, which lets one partition running ahead move every timer
-downstream past events another partition has not delivered yet.
+How many readers is the runner's to say
+(:func:`~pipelines.streaming.kafka_source.one_reader`): one per partition
+where the runner takes the minimum of the readers' watermarks (Flink,
+Dataflow); one for the whole topic on Prism, which keeps the estimate of
+the bundle it finished last instead of combining them.
 """
 
 from __future__ import annotations
@@ -35,12 +36,29 @@ END: Final = "end"
 
 
 @dataclass(frozen=True)
+class ReadFrom:
+    """The claim that a partition is read from ``offset`` on: one added to
+    the topic while the job runs joins the restriction there; one whose
+    records below ``offset`` retention deleted moves past them."""
+
+    partition: int
+    offset: int
+
+
+@dataclass(frozen=True)
 class TopicRead:
-    """What to read: a topic, from an offset per partition (the SDF's element)."""
+    """What one reader reads: its partitions of a topic, from an offset each
+    (the SDF's element)."""
 
     topic: str
     starts: tuple[tuple[int, int], ...]
     """``(partition, first offset)``, by partition."""
+    readers: int = 1
+    reader: int = 0
+
+    def owns(self, partition: int) -> bool:
+        """Whether this reader reads ``partition`` (one added later included)."""
+        return partition % self.readers == self.reader
 
 
 @dataclass(frozen=True)
@@ -57,6 +75,9 @@ class TopicPositions:
 
 class TopicPositionsTracker(RestrictionTracker):  # type: ignore[misc]
     """Claims ``(partition, offset)`` in order per partition, or :data:`END`.
+
+    Offsets may skip (a compacted topic); a :class:`ReadFrom` claim adds a
+    partition or moves one forward.
 
     The runner may checkpoint it at the current positions (a split at
     fraction 0); it cannot split it by fraction: a remainder that never ends
@@ -76,6 +97,15 @@ class TopicPositionsTracker(RestrictionTracker):  # type: ignore[misc]
             return False
         if position == END:
             self._stop()
+            return True
+        if isinstance(position, ReadFrom):
+            current = self._next.get(position.partition)
+            if current is not None and position.offset < current:
+                raise ValueError(
+                    f"partition {position.partition} read from {position.offset} "
+                    f"after {current}"
+                )
+            self._next[position.partition] = position.offset
             return True
         partition, offset = position
         if offset < self._next[partition]:
@@ -128,36 +158,65 @@ class TopicRestrictions(RestrictionProvider):  # type: ignore[misc]
         yield restriction
 
 
-PartitionState = tuple[tuple[int, int | None], ...]
-"""``((partition, mark ms or None), ...)``."""
+PartitionState = tuple[tuple[tuple[int, int | None], ...], int | None]
+"""``(((partition, mark ms or None), ...), watermark ms or None)``."""
 
 
 class PartitionWatermarks(WatermarkEstimator):  # type: ignore[misc]
-    """The source's watermark: the minimum of the partitions' marks.
+    """A reader's watermark: the minimum of its partitions' marks.
 
     A partition's mark is its newest event time minus the out-of-orderness,
     never moving back. Every partition counts, also a quiet one: a partition
     is quiet alike when its producers are and when the broker is away, and
     taking the second for the first would make what it then delivers late.
     So a partition that never gets events holds the stream back (a bounded
-    run still ends). The marks travel with the checkpointed restriction.
+    run still ends). A partition added while the job runs holds the
+    watermark where it is until its first event; the watermark never moves
+    back. The marks travel with the checkpointed restriction.
     """
 
     def __init__(self, state: PartitionState) -> None:
-        self._marks = dict(state)
+        marks, watermark = state
+        self._marks = dict(marks)
+        self._watermark = watermark
+
+    def add(self, partition: int) -> None:
+        """Count a partition added to the topic (no mark yet)."""
+        self._marks.setdefault(partition, None)
 
     def advance(self, partition: int, mark: int) -> None:
         """Raise a partition's mark (ms) to ``mark``."""
         current = self._marks.get(partition)
         if current is None or mark > current:
             self._marks[partition] = mark
+        marks = list(self._marks.values())
+        if all(m is not None for m in marks):
+            lowest = min(m for m in marks if m is not None)
+            if self._watermark is None or lowest > self._watermark:
+                self._watermark = lowest
 
     def mark_ms(self) -> int | None:
-        """The watermark in ms, or None while a partition has no mark."""
-        marks = list(self._marks.values())
-        if not marks or any(mark is None for mark in marks):
-            return None
-        return min(mark for mark in marks if mark is not None)
+        """The watermark in ms, or None until every partition has a mark."""
+        return self._watermark
+
+    def partition_mark_ms(self, partition: int) -> int | None:
+        """One partition's mark in ms (None before its first event)."""
+        return self._marks.get(partition)
+
+    def lateness_reference_ms(self, partition: int) -> int | None:
+        """What an event of ``partition`` is late against: the partition's
+        own mark, or the watermark this reader has passed on if that is
+        later (where a partition added late starts).
+
+        Never another partition's clock: a partition whose producers' clock
+        runs ahead moves only its own mark, so it makes no other partition's
+        events late. Safe downstream: the watermark the stages see is at
+        most this reader's, which is at most each of its partitions' marks.
+        """
+        own = self._marks.get(partition)
+        if own is None or (self._watermark is not None and self._watermark > own):
+            return self._watermark
+        return own
 
     def current_watermark(self) -> Timestamp | None:
         mark = self.mark_ms()
@@ -167,14 +226,14 @@ class PartitionWatermarks(WatermarkEstimator):  # type: ignore[misc]
         pass  # the marks are set by the reader, not by output timestamps
 
     def get_estimator_state(self) -> PartitionState:
-        return tuple(sorted(self._marks.items()))
+        return tuple(sorted(self._marks.items())), self._watermark
 
 
 class WatermarksProvider(WatermarkEstimatorProvider):  # type: ignore[misc]
     def initial_estimator_state(
         self, element: TopicRead, restriction: TopicPositions
     ) -> PartitionState:
-        return tuple((p, None) for p, _ in element.starts)
+        return tuple((p, None) for p, _ in element.starts), None
 
     def create_watermark_estimator(
         self, estimator_state: PartitionState
