@@ -176,6 +176,16 @@ OUTAGE_SECONDS = 4.0
 IDLE_SECONDS = 1.0
 
 
+def _wait_for_reader(log: Path, job: subprocess.Popen[bytes]) -> None:
+    """Until the job's reader has its consumer (its log line says so)."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and job.poll() is None:
+        if "reads partitions" in log.read_text(errors="replace"):
+            return
+        time.sleep(0.2)
+    raise AssertionError(log.read_text(errors="replace")[-3000:])
+
+
 def test_broker_crash_is_waited_out_and_nothing_is_lost(tmp_path: Path) -> None:
     """SIGKILL the broker mid-stream, leave it down for longer than the job's
     idle limit, restart it on the same log directory: the job waits, reads
@@ -209,7 +219,10 @@ def test_broker_crash_is_waited_out_and_nothing_is_lost(tmp_path: Path) -> None:
             )
         try:
             publisher.start()
-            time.sleep(7.0)
+            # The crash must land while the job reads: on a loaded machine the
+            # job can take longer to start than the stream takes to publish.
+            _wait_for_reader(tmp_path / "job.log", job)
+            time.sleep(2.0)
             broker.kill()
             time.sleep(OUTAGE_SECONDS)
             broker.start()  # same port, same data
