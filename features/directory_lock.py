@@ -25,6 +25,7 @@ import fcntl
 import json
 import logging
 import os
+import shutil
 import socket
 import sys
 from pathlib import Path
@@ -152,3 +153,35 @@ def holder_record() -> dict[str, Any]:
 
 def _read(fd: int) -> str:
     return os.pread(fd, 4096, 0).decode(errors="replace").strip()
+
+
+def claim_directory(directory: Path, marker: str, flag: str) -> None:
+    """Make ``directory`` a command's own output folder: create it, or empty
+    it when it carries the command's ``marker`` (a folder it wrote); a
+    folder holding anything else is refused. The marker is written before
+    anything else, so a run that died half way is replaced by the next.
+
+    Call it with the folder's :class:`DirectoryLock` held.
+
+    Raises:
+        CommandError: ``directory`` is a file, or a folder with files the
+            command did not write.
+    """
+    if directory.exists() and not directory.is_dir():
+        raise CommandError(f"{flag} {directory} is a file", "name a folder")
+    directory.mkdir(parents=True, exist_ok=True)
+    found = sorted(p for p in directory.iterdir() if p.name not in (LOCK_NAME, marker))
+    if found and not (directory / marker).exists():
+        names = ", ".join(p.name for p in found[:3]) + (
+            ", ..." if len(found) > 3 else ""
+        )
+        raise CommandError(
+            f"{flag} {directory} holds files this command did not write ({names})",
+            "name a new or empty folder, or one this command wrote",
+        )
+    for path in found:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+    (directory / marker).write_text(json.dumps(holder_record()) + "\n")
