@@ -184,7 +184,8 @@ def test_every_checkpoint_corrupt_refuses_then_start_fresh_trains_all(
     assert "resumed from" not in refused.stderr
 
     again = run_to_drain(feed.settings, topic, "g-refuse", tmp_path)
-    assert again.returncode == EXIT_NO_CHECKPOINT  # the corrupt files, set aside, still count
+    # The corrupt files, set aside, still count.
+    assert again.returncode == EXIT_NO_CHECKPOINT
 
     fresh = run_to_drain(feed.settings, topic, "g-refuse", tmp_path, "--start-fresh")
     assert fresh.returncode == 0, fresh.stderr[-3000:]

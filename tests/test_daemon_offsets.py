@@ -283,3 +283,27 @@ def test_the_student_daemon_holds_its_directory_and_checks_its_offsets(
         (0, 3, 4)
     ]
     assert state[0]["offsets"] == {"0": 5, "1": 5}
+
+
+def test_a_gap_continued_past_is_a_prometheus_counter(feed: ExampleFeed) -> None:
+    from tests.test_metrics import free_port, scrape, value
+    from trainer.data.kafka_source import KafkaSource
+    from trainer.metrics.reporting import Reporter
+
+    topic, _ = feed.topic(feed.messages(6), 1)
+    delete_below(feed.settings, topic, 0, 4)
+    earlier = {"topic": topic, "partition": 0, "from": 0, "to": 1, "records": 1}
+    source = KafkaSource(
+        feed.settings, topic, "g-metric", max_seq_len=4096, offsets={0: 2},
+        gaps=[earlier], on_gap="continue",
+    ).start()  # fmt: skip
+    reporter = Reporter(prometheus_port=free_port())
+    try:
+        reporter.watch_gaps(topic, source.gap_records)
+        samples = scrape(reporter.prometheus_port)
+    finally:
+        reporter.close()
+        source.close()
+    # The checkpoint's gap and this start's (offsets 2-3), run-wide.
+    assert value(samples, "gem_trainer_offset_gap_records_total", topic=topic) == 3
+    assert source.offsets() == {0: 4}
