@@ -7,22 +7,16 @@ bounded queue, so decoding runs ahead of the step but never more than
 ``queue_size`` messages.
 
 Offsets: the *trainer* decides where reading starts, not the group. The main
-loop reports every record it has applied (:meth:`KafkaSource.mark`); when the
-group assigns partitions, the rebalance listener seeks each one to that
-next-offset map (initialised from the checkpoint) and pauses it; before the
-next poll returns, the consumer thread checks the map against the topic
-(:mod:`trainer.data.offset_check`: its id, each partition's earliest and end
-offsets), applies the gap policy, enters each partition's start in the map
-(so a checkpoint names every partition its run was assigned) and resumes
-them. A partition unknown to the map starts at its earliest offset, never at
-the group's committed one. :meth:`KafkaSource.start` makes the same check of
-every stored partition before the thread runs, so a refused resume stops the
-run before it reads anything. The consumer never resets an offset by itself
-(``auto_offset_reset`` none): an offset that falls out of range while the
-run reads (retention overtaking a lagging run) is checked the same way.
-Kafka commits happen only after a checkpoint is durable and are advisory
-(lag dashboards): the checkpoint is the source of truth. The last requested
-commit is sent before the consumer closes.
+loop reports every record it has applied (:meth:`KafkaSource.mark`); on
+assignment the rebalance listener seeks each partition to that next-offset
+map (from the checkpoint; the earliest offset for a partition it lacks,
+never the group's commit) and pauses it, and the thread checks it against
+the topic (:mod:`trainer.data.offset_check`), enters its start in the map
+and resumes it. :meth:`KafkaSource.start` checks every stored partition
+before the thread runs, and an offset out of range while reading is checked
+the same way (the consumer never resets one itself). Kafka commits happen
+only after a checkpoint is durable and are advisory (lag dashboards); the
+last requested one is sent before the consumer closes.
 
 Transactions: the streaming job publishes in Kafka transactions, so the
 consumer reads committed records only (``read_committed``): an aborted
@@ -65,14 +59,11 @@ from features.kafka.settings import MAX_MESSAGE_BYTES, KafkaSettings
 from trainer.data.batch import Batch
 from trainer.data.dead_letter_writer import MAX_BACKOFF_S, DeadLetterWriter
 from trainer.data.offset_check import (
-    Gap,
     OffsetRefusedError,
     TopicView,
-    check_offsets,
-    gap_error,
-    log_gaps,
-    missing_partitions,
+    plan_starts,
     read_view,
+    whole_topic_view,
 )
 from trainer.data.partition_merge import EventTimeMerge
 from trainer.data.record_decoder import RecordDecoder, RecordFormat
@@ -422,8 +413,7 @@ class KafkaSource:
                     known = dict(source._next)
                 source._merge.drop()
                 # No broker request here (it would block the client's loop):
-                # positions are set and the partitions held until the thread
-                # checks them against the topic (_check_assigned).
+                # held until the thread checks them (_check_assigned).
                 for tp in assigned:
                     consumer.pause(tp)
                     if tp.partition in known:
@@ -463,15 +453,7 @@ class KafkaSource:
 
     def _check_stored(self) -> None:
         """Every stored partition against the topic, before the thread runs."""
-        consumer = self.settings.consumer(isolation_level="read_committed")
-        admin = self.settings.admin()
-        try:
-            view = read_view(admin, consumer, self.topic)
-            missing_partitions(self._next, len(view.earliest), self.topic)
-            self._take_view(view)
-        finally:
-            consumer.close()
-            admin.close()
+        self._take_view(whole_topic_view(self.settings, self.topic, self._next))
 
     def _check_assigned(self, consumer: Any) -> None:
         """The paused, newly assigned partitions: checked against the topic,
@@ -481,8 +463,9 @@ class KafkaSource:
         if self._admin is None:
             self._admin = self.settings.admin()
         partitions = sorted(self._unchecked)
-        view = read_view(self._admin, consumer, self.topic, partitions)
-        starts = self._take_view(view)
+        starts = self._take_view(
+            read_view(self._admin, consumer, self.topic, partitions)
+        )
         tps = [TopicPartition(self.topic, p) for p in partitions]
         for tp in tps:
             consumer.seek(tp, starts[tp.partition])
@@ -502,11 +485,7 @@ class KafkaSource:
         """
         with self._lock:
             stored = dict(self._next)
-        gaps: list[Gap] = check_offsets(view, stored, self.topic_id)
-        if gaps and self.on_gap == "stop":
-            raise gap_error(gaps)
-        log_gaps(gaps)
-        starts = {p: max(stored.get(p, e), e) for p, e in view.earliest.items()}
+        starts, gaps = plan_starts(view, stored, self.topic_id, self.on_gap)
         with self._lock:
             self.topic_id = self.topic_id or view.topic_id
             self._gaps += [gap.record() for gap in gaps]

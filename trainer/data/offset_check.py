@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -34,6 +35,7 @@ from features.cli import CommandError
 
 log = logging.getLogger(__name__)
 
+MAX_BACKOFF_S: Final = 10.0
 GAP_POLICIES: Final = ("stop", "continue")
 """What ``--on-offset-gap`` takes."""
 GAP_HELP: Final = (
@@ -237,3 +239,52 @@ def log_gaps(gaps: list[Gap]) -> None:
             gap.records,
             gap.stop,
         )
+
+
+def whole_topic_view(settings: Any, topic: str, stored: Mapping[int, int]) -> TopicView:
+    """The view of every partition of ``topic``, read by clients of its own
+    (no group), after refusing a checkpoint that names partitions the topic
+    no longer has."""
+    from kafka.errors import KafkaError
+
+    backoff = 0.5
+    while True:  # a broker outage is waited out, as the consumer's polls do
+        try:
+            consumer = settings.consumer(isolation_level="read_committed")
+            admin = settings.admin()
+            try:
+                view = read_view(admin, consumer, topic)
+            finally:
+                consumer.close()
+                admin.close()
+            break
+        except KafkaError as error:
+            log.warning(
+                "offsets not checked against %s yet (%s: %s); retrying in %.1f s",
+                topic,
+                type(error).__name__,
+                error,
+                backoff,
+            )
+            time.sleep(backoff)
+            backoff = min(backoff * 2, MAX_BACKOFF_S)
+    missing_partitions(stored, len(view.earliest), topic)
+    return view
+
+
+def plan_starts(
+    view: TopicView, stored: Mapping[int, int], recorded_id: str | None, on_gap: str
+) -> tuple[dict[int, int], list[Gap]]:
+    """Where each partition of ``view`` starts, and the gaps passed over:
+    the stored offset, or the earliest kept one past a gap (policy
+    ``continue``; ``stop`` raises) or for a partition ``stored`` is silent on.
+
+    Raises:
+        TopicChangedError: as :func:`check_offsets`.
+        OffsetGapError: a gap under policy ``stop``.
+    """
+    gaps = check_offsets(view, stored, recorded_id)
+    if gaps and on_gap == "stop":
+        raise gap_error(gaps)
+    log_gaps(gaps)
+    return {p: max(stored.get(p, e), e) for p, e in view.earliest.items()}, gaps
