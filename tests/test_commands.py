@@ -171,6 +171,7 @@ COMMANDS: dict[str, set[str]] = {
         "--prometheus-port",
         "--metrics-address",
         "--start-fresh",
+        "--on-offset-gap",
         "--tensorboard",
         "--plot",
         "--device",
@@ -224,6 +225,7 @@ COMMANDS: dict[str, set[str]] = {
         "--checkpoint-every",
         "--threads",
         "--start-fresh",
+        "--on-offset-gap",
         "--prometheus-port",
         "--metrics-address",
     }

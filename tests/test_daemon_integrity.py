@@ -47,6 +47,7 @@ from trainer.training.checkpoint import (
     save_checkpoint,
 )
 from trainer.training.daemon import run_daemon_until_drained
+from trainer.training.exits import EXIT_NO_CHECKPOINT
 
 FIVE_MB = 5 * 1024 * 1024
 
@@ -174,7 +175,7 @@ def test_every_checkpoint_corrupt_refuses_then_start_fresh_trains_all(
         flip_bit_in_embedding_table(path)
 
     refused = run_to_drain(feed.settings, topic, "g-refuse", tmp_path)
-    assert refused.returncode == 2
+    assert refused.returncode == EXIT_NO_CHECKPOINT
     last = refused.stderr.strip().splitlines()[-1]
     assert last.startswith(
         "python -m trainer.daemon: error: refusing to start: none of the 3"
@@ -183,7 +184,8 @@ def test_every_checkpoint_corrupt_refuses_then_start_fresh_trains_all(
     assert "resumed from" not in refused.stderr
 
     again = run_to_drain(feed.settings, topic, "g-refuse", tmp_path)
-    assert again.returncode == 2  # the corrupt files, set aside, still count
+    # The corrupt files, set aside, still count.
+    assert again.returncode == EXIT_NO_CHECKPOINT
 
     fresh = run_to_drain(feed.settings, topic, "g-refuse", tmp_path, "--start-fresh")
     assert fresh.returncode == 0, fresh.stderr[-3000:]

@@ -84,7 +84,6 @@ def test_a_backlog_is_read_in_event_time_order_across_partitions(
         max_seq_len=MAX_LEN,
         queue_size=2,
         keep_examples=True,
-        start_at_earliest=True,
     ).start()
     try:
         items = take(source, len(chunks))
@@ -108,7 +107,6 @@ def test_a_caught_up_partition_holds_nothing_back(
         "g-live",
         max_seq_len=MAX_LEN,
         keep_examples=True,
-        start_at_earliest=True,
     ).start()
     try:
         assert take(source, 1)[0].partition == 0

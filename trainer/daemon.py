@@ -8,12 +8,19 @@ import argparse
 import json
 import os
 import sys
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 
 from features.cli import CommandError, CommandParser, run_command
 from features.config_flags import config_fields
 from trainer.cli import add_cluster_arguments, kafka_settings, start_torch
+from trainer.training.exits import (
+    EXIT_CHECKPOINT_WRITE,
+    EXIT_HELP,
+    refusal_line,
+    refusal_status,
+)
 from trainer.training.run_config import DaemonConfig
 
 NEEDS_CLUSTER = "the daemon trains from the topic others publish into"
@@ -23,8 +30,10 @@ publishes (its examples topic): progressive validation, atomic
 checkpoints that hold the Kafka offsets (exactly once across restarts), poison
 messages set aside, metrics as JSON lines, Prometheus and TensorBoard.
 Runs until SIGTERM (checkpoints, exits 0); --idle-seconds makes it bounded.
-Exit 2: bad input, or checkpoints of which none verifies (see
---start-fresh); exit 3: the final checkpoint could not be written."""
+One daemon per --checkpoint-dir (a lock held for the run). The checkpointed
+offsets are checked against the topic on restore and on every assignment.
+
+""" + textwrap.fill(EXIT_HELP, 79)
 
 
 def build_parser() -> CommandParser:
@@ -48,10 +57,7 @@ def run(args: argparse.Namespace) -> int:
     start_torch(config.threads)
     from launchers.kafka_broker import kafka_cluster
     from trainer.training import daemon
-    from trainer.training.checkpoint import (
-        CheckpointWriteError,
-        NoUsableCheckpointError,
-    )
+    from trainer.training.checkpoint import CheckpointWriteError
     from trainer.training.daemon_checkpoint import AppliedLog
 
     applied_log = os.environ.get(daemon.APPLIED_LOG_ENV)
@@ -62,11 +68,16 @@ def run(args: argparse.Namespace) -> int:
                 cluster,
                 on_checkpoint=AppliedLog(Path(applied_log)) if applied_log else None,
             )
-    except NoUsableCheckpointError as error:
-        raise CommandError(f"refusing to start: {error}") from error
     except CheckpointWriteError as error:
         print(f"python -m trainer.daemon: error: {error}", file=sys.stderr)
-        return daemon.EXIT_CHECKPOINT_WRITE
+        return EXIT_CHECKPOINT_WRITE
+    except Exception as error:
+        status = refusal_status(error)
+        if status is None:
+            raise
+        line = refusal_line(error)
+        print(f"python -m trainer.daemon: error: {line}", file=sys.stderr)
+        return status
     finally:
         # Every rank, also when run raised after its collective stop.
         leave_process_group()

@@ -7,14 +7,16 @@ bounded queue, so decoding runs ahead of the step but never more than
 ``queue_size`` messages.
 
 Offsets: the *trainer* decides where reading starts, not the group. The main
-loop reports every record it has applied (:meth:`KafkaSource.mark`); when the
-group assigns partitions, the rebalance listener seeks each one to that
-next-offset map (initialised from the checkpoint). Kafka commits happen only
-after a checkpoint is durable and are advisory (lag dashboards): the
-checkpoint is the source of truth. A partition unknown to the map starts at
-the group's committed offset, else the earliest (always the earliest with
-``start_at_earliest``: a new model beside unusable checkpoints). The last
-requested commit is sent before the consumer closes.
+loop reports every record it has applied (:meth:`KafkaSource.mark`); on
+assignment the rebalance listener seeks each partition to that next-offset
+map (from the checkpoint; the earliest offset for a partition it lacks,
+never the group's commit) and pauses it, and the thread checks it against
+the topic (:mod:`trainer.data.offset_check`), enters its start in the map
+and resumes it. :meth:`KafkaSource.start` checks every stored partition
+before the thread runs, and an offset out of range while reading is checked
+the same way (the consumer never resets one itself). Kafka commits happen
+only after a checkpoint is durable and are advisory (lag dashboards); the
+last requested one is sent before the consumer closes.
 
 Transactions: the streaming job publishes in Kafka transactions, so the
 consumer reads committed records only (``read_committed``): an aborted
@@ -56,6 +58,13 @@ from typing import Any, Final
 from features.kafka.settings import MAX_MESSAGE_BYTES, KafkaSettings
 from trainer.data.batch import Batch
 from trainer.data.dead_letter_writer import MAX_BACKOFF_S, DeadLetterWriter
+from trainer.data.offset_check import (
+    OffsetRefusedError,
+    TopicView,
+    plan_starts,
+    read_view,
+    whole_topic_view,
+)
 from trainer.data.partition_merge import EventTimeMerge
 from trainer.data.record_decoder import RecordDecoder, RecordFormat
 
@@ -106,8 +115,10 @@ class KafkaSource:
         poll_ms: poll timeout of the background thread.
         pin_memory, keep_examples, decode_record: how records are decoded
             (:class:`~trainer.data.record_decoder.RecordDecoder`).
-        start_at_earliest: partitions missing from ``offsets`` start at their
-            earliest offset, not at the group's committed one.
+        topic_id: the topic id the checkpoint recorded (None: adopt the
+            topic's).
+        gaps: the gaps the checkpoint recorded (:meth:`gaps` goes on from them).
+        on_gap: a :data:`~trainer.data.offset_check.GAP_POLICIES` policy.
     """
 
     def __init__(
@@ -123,12 +134,19 @@ class KafkaSource:
         poll_ms: int = 100,
         pin_memory: bool = False,
         keep_examples: bool = False,
-        start_at_earliest: bool = False,
         decode_record: RecordFormat | None = None,
+        topic_id: str | None = None,
+        gaps: list[dict[str, Any]] | None = None,
+        on_gap: str = "stop",
     ) -> None:
         self.settings = settings
-        self.start_at_earliest = start_at_earliest
         self.topic = topic
+        self.topic_id = topic_id
+        self.on_gap = on_gap
+        self._gaps: list[dict[str, Any]] = list(gaps or [])
+        # Assigned partitions paused until checked against the topic.
+        self._unchecked: set[int] = set()
+        self._admin: Any = None
         self.group = group
         self.dead_letter = dead_letter or f"{topic}.dead-letter"
         self.poll_ms = poll_ms
@@ -185,12 +203,36 @@ class KafkaSource:
         return self._merge.waits
 
     def start(self) -> KafkaSource:
-        """Start the background consumer thread."""
+        """Check the stored offsets against the topic, then start the
+        background consumer thread.
+
+        Raises:
+            OffsetRefusedError: the topic was recreated or truncated, or (policy
+                stop) records were removed before they were trained.
+        """
+        if self._next or self.topic_id:
+            self._check_stored()
         self._thread.start()
         return self
 
+    def gaps(self) -> list[dict[str, Any]]:
+        """Every gap of the run (the checkpoint's and this process's)."""
+        with self._lock:
+            return list(self._gaps)
+
+    def gap_records(self) -> int:
+        """Offsets removed before they were trained, over the whole run."""
+        return sum(int(g["records"]) for g in self.gaps())
+
     def next(self, timeout: float) -> Item | None:
-        """The next record for this rank, or None after ``timeout`` seconds."""
+        """The next record for this rank, or None after ``timeout`` seconds.
+
+        Raises:
+            OffsetRefusedError: the consumer thread found the topic changed, or a gap.
+            RuntimeError: the consumer thread failed.
+        """
+        if isinstance(self._error, OffsetRefusedError):
+            raise self._error
         if self._error is not None:
             raise RuntimeError("Kafka consumer thread failed") from self._error
         deadline = time.monotonic() + timeout
@@ -283,18 +325,21 @@ class KafkaSource:
     def _run(self) -> None:
         try:
             self._consume()
+        except OffsetRefusedError as error:  # the main thread says it, in one line
+            self._error = error
         except BaseException as error:  # surfaced to the main thread by next()
             log.exception("Kafka consumer thread failed")
             self._error = error
 
     def _consume(self) -> None:
-        from kafka.errors import KafkaError
+        from kafka.errors import KafkaError, OffsetOutOfRangeError
 
         consumer = self.settings.consumer(
             group_id=self.group,
             enable_auto_commit=False,
             isolation_level="read_committed",
-            auto_offset_reset="earliest",
+            # Every start is the map's or checked (module docstring).
+            auto_offset_reset="none",
             max_partition_fetch_bytes=MAX_MESSAGE_BYTES,
         )
         consumer.subscribe([self.topic], listener=self._rebalance_listener(consumer))
@@ -304,6 +349,9 @@ class KafkaSource:
             while not self._closing.is_set():
                 try:
                     records = self._poll(consumer)
+                except OffsetOutOfRangeError as error:
+                    self._out_of_range(consumer, error)
+                    continue
                 except KafkaError as error:
                     if self._reachable:
                         down_since = time.monotonic()
@@ -336,6 +384,8 @@ class KafkaSource:
             except KafkaError as error:
                 log.warning("last offset commit not sent (%s): advisory only", error)
             consumer.close(autocommit=False)
+            if self._admin is not None:
+                self._admin.close()
             self._dead_letters.close()
 
     def _rebalance_listener(self, consumer: Any) -> Any:
@@ -359,22 +409,21 @@ class KafkaSource:
                 source._fence()  # the previous owner's last step is now marked
                 with source._lock:
                     source._assigned = {tp.partition for tp in assigned}
-                    source._joined = True
-                    source._last_activity = time.monotonic()  # idle counts from here
+                    source._unchecked = set(source._assigned)
                     known = dict(source._next)
                 source._merge.drop()
+                # No broker request here (it would block the client's loop):
+                # held until the thread checks them (_check_assigned).
                 for tp in assigned:
+                    consumer.pause(tp)
                     if tp.partition in known:
                         consumer.seek(tp, known[tp.partition])
-                    elif source.start_at_earliest:
+                    else:
                         consumer.seek_to_beginning(tp)
                 log.info(
-                    "assigned %s; starting at %s",
+                    "assigned %s; starting at %s (checked against the topic first)",
                     sorted(source._assigned),
-                    {
-                        p: known.get(p, "committed/earliest")
-                        for p in sorted(source._assigned)
-                    },
+                    {p: known.get(p, "earliest") for p in sorted(source._assigned)},
                 )
 
         return Listener()
@@ -386,6 +435,8 @@ class KafkaSource:
         records: dict[Any, list[Any]] = consumer.poll(
             timeout_ms=self.poll_ms, max_records=self._queue.maxsize
         )
+        if self._unchecked:
+            self._check_assigned(consumer)
         with self._lock:
             for tp, messages in records.items():
                 self._starts.setdefault(tp.partition, messages[0].offset)
@@ -399,6 +450,69 @@ class KafkaSource:
             self._last_contact = time.monotonic()
         self._note_ends(consumer)
         return records
+
+    def _check_stored(self) -> None:
+        """Every stored partition against the topic, before the thread runs."""
+        self._take_view(whole_topic_view(self.settings, self.topic, self._next))
+
+    def _check_assigned(self, consumer: Any) -> None:
+        """The paused, newly assigned partitions: checked against the topic,
+        their starts entered in the map, then sought to and resumed."""
+        from kafka import TopicPartition
+
+        if self._admin is None:
+            self._admin = self.settings.admin()
+        partitions = sorted(self._unchecked)
+        starts = self._take_view(
+            read_view(self._admin, consumer, self.topic, partitions)
+        )
+        tps = [TopicPartition(self.topic, p) for p in partitions]
+        for tp in tps:
+            consumer.seek(tp, starts[tp.partition])
+        consumer.resume(*tps)
+        with self._lock:
+            self._unchecked = set()
+            self._joined = True
+            self._last_activity = time.monotonic()  # idle counts from here
+        log.info("partitions %s of %s start at %s", partitions, self.topic, starts)
+
+    def _take_view(self, view: TopicView) -> dict[int, int]:
+        """Apply the gap policy to ``view`` and enter each of its partitions'
+        start in the map; the starts.
+
+        Raises:
+            OffsetRefusedError: the topic changed, or a gap under policy stop.
+        """
+        with self._lock:
+            stored = dict(self._next)
+        starts, gaps = plan_starts(view, stored, self.topic_id, self.on_gap)
+        with self._lock:
+            self.topic_id = self.topic_id or view.topic_id
+            self._gaps += [gap.record() for gap in gaps]
+            for partition, start in starts.items():
+                self._next[partition] = max(self._next.get(partition, 0), start)
+        return starts
+
+    def _out_of_range(self, consumer: Any, error: Exception) -> None:
+        """A fetch position fell out of its partition's range while reading
+        (retention overtook the run): as after a rebalance, the queued
+        records are dropped and every assigned partition is checked again
+        from the map."""
+        from kafka import TopicPartition
+
+        log.warning("%s: checking the offsets against the topic", error)
+        with self._lock:
+            self._generation += 1
+            self._unchecked = set(self._assigned)
+        self._merge.drop()
+        self._fence()
+        with self._lock:
+            known = dict(self._next)
+        for partition in sorted(self._unchecked):
+            tp = TopicPartition(self.topic, partition)
+            consumer.pause(tp)
+            consumer.seek(tp, known[partition])
+        # The check itself is the next poll's, which retries it through an outage.
 
     def _release(self, consumer: Any) -> None:
         """Queue the held records that may go, earliest event time first."""

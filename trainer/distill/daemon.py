@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
+import textwrap
 from collections.abc import Sequence
 
-from features.cli import CommandError, CommandParser, run_command
+from features.cli import CommandParser, run_command
 from features.config_flags import add_config_flags, config_fields
 from trainer.cli import add_cluster_arguments, kafka_settings, start_torch
 from trainer.distill.run_config import (
@@ -15,6 +17,7 @@ from trainer.distill.run_config import (
     DistillConfig,
     StudentDaemonConfig,
 )
+from trainer.training.exits import EXIT_HELP, refusal_line, refusal_status
 
 NEEDS_CLUSTER = "the topics are the trainer's and the teacher's"
 DESCRIPTION = """\
@@ -22,8 +25,10 @@ The student daemon: one vertical student trained continuously from the
 trainer's example messages joined (by example id) with the teacher outputs
 that python -m trainer.distill.teacher_stream publishes; each batch scored
 before it is trained on. Checkpoints hold both topics' offsets (exactly
-once). Exit 2: bad input, or checkpoints of which none verifies (see
---start-fresh)."""
+once), checked against the topics on restore and on every assignment. One
+daemon per --checkpoint-dir (a lock held for the run).
+
+""" + textwrap.fill(EXIT_HELP, 79)
 
 
 def build_parser() -> CommandParser:
@@ -47,13 +52,17 @@ def run(args: argparse.Namespace) -> int:
     start_torch(config.threads)
     from launchers.kafka_broker import kafka_cluster
     from trainer.distill import student_daemon as daemon
-    from trainer.training.checkpoint import NoUsableCheckpointError
 
     try:
         with kafka_cluster(settings) as cluster:
             result = daemon.run(config, cluster)
-    except NoUsableCheckpointError as error:
-        raise CommandError(f"refusing to start: {error}") from error
+    except Exception as error:
+        status = refusal_status(error)
+        if status is None:
+            raise
+        line = refusal_line(error)
+        print(f"python -m trainer.distill.daemon: error: {line}", file=sys.stderr)
+        return status
     print(json.dumps({k: v for k, v in result.items() if k != "progressive"}))
     return 0
 

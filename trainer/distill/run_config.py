@@ -21,6 +21,7 @@ from typing import Final
 from features.config_flags import flag, flag_field, positive_float, positive_int
 from features.vocab import DOMAINS
 from trainer.cli import CHECKPOINT_HELP, THREADS_HELP
+from trainer.data.offset_check import GAP_HELP, GAP_POLICIES
 
 METHODS: Final = ("standard", "aux", "adapter", "repr", "share")
 FULL: Final = ("aux", "adapter", "repr", "share")
@@ -131,6 +132,7 @@ class StudentDaemonConfig:
         "when no checkpoint in --checkpoint-dir verifies, train a new "
         "student from the topics' earliest offsets instead of refusing to start",
     )
+    on_offset_gap: str = flag_field("stop", GAP_HELP, choices=GAP_POLICIES)
     prometheus_port: int = flag_field(
         0, "serve Prometheus metrics (docs/metrics.md) on this port; 0: off"
     )

@@ -29,8 +29,12 @@ with the missing ones masked (labels only; counted as
 
 Checkpoints are verified on load as the trainer daemon's are: a corrupt one
 is set aside and an older one used; with checkpoint files but none that
-verifies it exits 2 unless ``--start-fresh``. The dead-letter count (both
-topics') is run-wide (kept in the checkpoint).
+verifies it exits 4 unless ``--start-fresh``. The dead-letter count (both
+topics') is run-wide (kept in the checkpoint). As the trainer daemon, it
+holds its checkpoint directory for the run (:mod:`features.directory_lock`)
+and checks both topics' offsets against the topics on restore and on every
+assignment (:mod:`trainer.data.offset_check`): the checkpoint keeps both
+topics' ids and offset gaps (exit statuses: :mod:`trainer.training.exits`).
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from features.directory_lock import DirectoryLock
 from features.kafka import KafkaSettings
 from trainer.data.kafka_source import Item, KafkaSource
 from trainer.distill.run_config import StudentDaemonConfig
@@ -57,6 +62,12 @@ log = logging.getLogger(__name__)
 
 def run(config: StudentDaemonConfig, settings: KafkaSettings) -> dict[str, Any]:
     """Train until idle (``idle_seconds``) or forever; returns counts and metrics."""
+    with DirectoryLock(config.checkpoint_dir, "--checkpoint-dir"):
+        return _run(config, settings)
+
+
+def _run(config: StudentDaemonConfig, settings: KafkaSettings) -> dict[str, Any]:
+    """:func:`run`, the directory held."""
     # First: a directory to refuse is refused before the teacher is read.
     loaded = resume_state(config.checkpoint_dir, start_fresh=config.start_fresh)
     teacher_state, teacher_path = read_model_checkpoint(config.teacher, "--teacher")
@@ -64,13 +75,13 @@ def run(config: StudentDaemonConfig, settings: KafkaSettings) -> dict[str, Any]:
     del teacher_state
     offsets: dict[int, int] = {}
     teacher_offsets: dict[int, int] = {}
+    state: dict[str, Any] = {}
     if loaded is not None:
         state, path = loaded
         student.load_state_dict(state)
         offsets = {int(p): int(o) for p, o in state["offsets"].items()}
         teacher_offsets = {int(p): int(o) for p, o in state["teacher_offsets"].items()}
         log.info("resumed from %s: step %d, offsets %s", path, student.steps, offsets)
-    fresh = loaded is None and config.start_fresh
     examples = KafkaSource(
         settings,
         config.examples_topic,
@@ -78,7 +89,9 @@ def run(config: StudentDaemonConfig, settings: KafkaSettings) -> dict[str, Any]:
         max_seq_len=1,
         offsets=offsets,
         keep_examples=True,
-        start_at_earliest=fresh,
+        topic_id=state.get("topic_id"),
+        gaps=state.get("offset_gaps", []),
+        on_gap=config.on_offset_gap,
     ).start()
     teacher = KafkaSource(
         settings,
@@ -87,8 +100,15 @@ def run(config: StudentDaemonConfig, settings: KafkaSettings) -> dict[str, Any]:
         max_seq_len=1,
         offsets=teacher_offsets,
         decode_record=teacher_decoder(student.cache.dim),
-        start_at_earliest=fresh,
-    ).start()
+        topic_id=state.get("teacher_topic_id"),
+        gaps=state.get("teacher_offset_gaps", []),
+        on_gap=config.on_offset_gap,
+    )
+    try:
+        teacher.start()
+    except BaseException:
+        examples.close()
+        raise
     exported: DaemonMetrics | None = None  # /metrics, when a port is given
     if config.prometheus_port:
         exported = DaemonMetrics(
@@ -105,8 +125,9 @@ def run(config: StudentDaemonConfig, settings: KafkaSettings) -> dict[str, Any]:
             else None,
             training_gauges=False,
         )
-        exported.watch_consumer(config.examples_topic, examples.lag)
-        exported.watch_consumer(config.teacher_topic, teacher.lag)
+        for source in (examples, teacher):
+            exported.watch_consumer(source.topic, source.lag)
+            exported.watch_gaps(source.topic, source.gap_records)
     daemon = _StudentDaemon(config, student, examples, teacher, exported)
     try:
         daemon.train()
@@ -197,6 +218,10 @@ class _StudentDaemon:
                 "teacher_offsets": {
                     str(p): o for p, o in self.teacher.offsets().items()
                 },
+                "topic_id": self.examples.topic_id,
+                "offset_gaps": self.examples.gaps(),
+                "teacher_topic_id": self.teacher.topic_id,
+                "teacher_offset_gaps": self.teacher.gaps(),
             },
             keep=self.config.keep,
         )

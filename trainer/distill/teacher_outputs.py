@@ -34,7 +34,10 @@ class TeacherOutputsConfig:
     examples: Path = field(metadata=flag("feature-job output (examples + timelines)"))
     teacher: Path = field(metadata=flag(CHECKPOINT_HELP, metavar="PATH"))
     output: Path = field(
-        metadata=flag("folder of the teacher-output Parquet (replaced when it exists)")
+        metadata=flag(
+            "folder of the teacher-output Parquet: new, empty, or one this "
+            "command wrote (then replaced)"
+        )
     )
     # teacher_pass.DEFAULT_BATCH_SIZE, which loads torch: a test checks.
     batch_size: int = flag_field(256, "examples per forward", type=positive_int)

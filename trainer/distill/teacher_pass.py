@@ -9,11 +9,15 @@ in :mod:`trainer.distill.teacher_outputs`).
 (:mod:`trainer.distill.records`): its logits for every (domain, objective),
 its summary embedding, and the checkpoint's step and time. Rows out = examples
 in; the summary printed as JSON says so.
+
+The output folder is the job's own: held by its lock while it writes, and
+new, empty, or one it wrote before (:data:`OUTPUT_MARKER`), which it then
+replaces; a folder with other files is refused
+(:func:`features.directory_lock.claim_directory`).
 """
 
 from __future__ import annotations
 
-import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -22,6 +26,7 @@ import numpy as np
 import pyarrow as pa
 
 from features.cli import progress
+from features.directory_lock import DirectoryLock, claim_directory
 from trainer.data.feature_output import ExampleDataset, event_time_ms
 from trainer.data.inputs import make_batch
 from trainer.distill.records import (
@@ -35,6 +40,8 @@ from trainer.distill.teacher import Teacher, load_teacher, teacher_forward
 # glibc's ceiling for serving blocks from the retained heap
 # (features.memory): larger batches pay for their buffers in page faults.
 DEFAULT_BATCH_SIZE = 256
+OUTPUT_MARKER = ".teacher-outputs"
+"""Marks a folder this job wrote."""
 
 
 def teacher_outputs_for(
@@ -71,8 +78,22 @@ def run(
     teacher = load_teacher(teacher_path)
     seq_len = max_seq_len or teacher.config.embedding.max_seq_len
     data = ExampleDataset(examples_dir, max_seq_len=seq_len)
-    if output.exists():
-        shutil.rmtree(output)  # a re-run replaces, never appends duplicates
+    with DirectoryLock(output, "--output"):
+        # A re-run replaces its own folder, never appends duplicates.
+        claim_directory(output, OUTPUT_MARKER, "--output")
+        written = _write(teacher, data, output, seq_len, batch_size, rows_per_file)
+    return {**written, "seconds": time.perf_counter() - started}
+
+
+def _write(
+    teacher: Teacher,
+    data: ExampleDataset,
+    output: Path,
+    seq_len: int,
+    batch_size: int,
+    rows_per_file: int,
+) -> dict[str, Any]:
+    """:func:`run`, the folder held and claimed."""
     parts: list[pa.Table] = []
     pending, files, written = 0, 0, 0
     with progress("teacher outputs", total=len(data)) as bar:
@@ -102,7 +123,6 @@ def run(
         "teacher_step": teacher.step,
         "teacher_time_ms": teacher.time_ms,
         "max_seq_len": seq_len,
-        "seconds": time.perf_counter() - started,
     }
 
 

@@ -79,7 +79,6 @@ def run_stream(
         offsets=offsets,
         keep_examples=True,
         dead_letter=f"{examples_topic}.{group}.dead-letter",
-        start_at_earliest=loaded is None and start_fresh,
     ).start()
     # Its topics allow MAX_MESSAGE_BYTES (ensure_topics); so does the producer.
     producer = settings.producer(acks="all", max_request_size=MAX_MESSAGE_BYTES)

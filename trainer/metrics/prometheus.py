@@ -10,6 +10,9 @@ one test process never clash) and a name prefix per daemon (``gem_trainer``,
 - ``<prefix>_consumer_lag_records{topic, partition}``: records not yet
   trained on, read at scrape time from the source's in-memory snapshot
   (:meth:`trainer.data.kafka_source.KafkaSource.lag`: no broker round trip);
+- ``<prefix>_offset_gap_records_total{topic}``: offsets removed from the
+  topic before they were trained, over the whole run (the checkpoint keeps
+  each gap), read at scrape time from the source;
 - ``<prefix>_last_checkpoint_age_seconds``: computed at scrape time, so it
   keeps growing while a daemon is stuck; ``_last_checkpoint_step`` and
   ``_checkpoint_write_failures_total`` beside it;
@@ -28,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 QUALITY_LABELS = ("domain", "objective", "scope")
@@ -75,6 +78,32 @@ class _ConsumerLag(Collector):
         for topic, lag in sources.items():
             for partition, records in sorted(lag().items()):
                 family.add_metric([topic, str(partition)], float(records))
+        yield family
+
+
+class _OffsetGaps(Collector):
+    """One run-wide counter per topic, asked of each source at scrape time."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._sources: dict[str, Callable[[], int]] = {}
+        self._lock = threading.Lock()
+
+    def watch(self, topic: str, records: Callable[[], int]) -> None:
+        with self._lock:
+            self._sources[topic] = records
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily(
+            self.name,
+            "offsets removed from the topic (retention, delete_records) before "
+            "they were trained; whole run, kept in the checkpoint",
+            labels=["topic"],
+        )
+        with self._lock:
+            sources = dict(self._sources)
+        for topic, records in sources.items():
+            family.add_metric([topic], float(records()))
         yield family
 
 
@@ -146,6 +175,8 @@ class DaemonMetrics:
             self._training_gauges()
         self._lag = _ConsumerLag(f"{prefix}_consumer_lag_records")
         r.register(self._lag)
+        self._gaps = _OffsetGaps(f"{prefix}_offset_gap_records")
+        r.register(self._gaps)
         if restored is not None:
             self._restore(restored)
         server, _ = start_http_server(port, addr=address, registry=r)
@@ -202,6 +233,10 @@ class DaemonMetrics:
     def watch_consumer(self, topic: str, lag: Callable[[], Mapping[int, int]]) -> None:
         """Export ``lag()`` (partition → records) for ``topic`` at every scrape."""
         self._lag.watch(topic, lag)
+
+    def watch_gaps(self, topic: str, records: Callable[[], int]) -> None:
+        """Export ``records()``, the run's gap offsets of ``topic``, at every scrape."""
+        self._gaps.watch(topic, records)
 
     def set(self, name: str, value: float) -> None:
         """Set ``examples_per_second`` or ``loss``."""

@@ -150,6 +150,11 @@ class Reporter:
         if self._prometheus is not None:
             self._prometheus.watch_consumer(topic, lag)
 
+    def watch_gaps(self, topic: str, records: Callable[[], int]) -> None:
+        """Export ``records()`` (the run's offset gaps) as a counter."""
+        if self._prometheus is not None:
+            self._prometheus.watch_gaps(topic, records)
+
     def log(
         self,
         *,

@@ -18,13 +18,21 @@ mark offsets → checkpoint every N steps
 RNG, metrics and next offsets are one atomic checkpoint; a restart seeks to
 those offsets (:mod:`trainer.data.kafka_source`).
 
-Checkpoints are verified on load (:mod:`trainer.training.checkpoint`): a
-corrupt one is set aside and an older one used; when checkpoint files
-exist but none verifies, the daemon exits 2 with one line saying what to do,
-unless ``--start-fresh`` (then a new model reads the topic from its earliest
-offsets). Run-wide counters (records, examples, dead letters) live in the
-checkpoint, so they count the whole run across restarts. A checkpoint that
-cannot be written (a full disk) is logged as an error naming the checkpoint
+One writer per checkpoint directory: rank 0 holds its lock
+(:mod:`features.directory_lock`) for the run; a second daemon on the same
+directory exits 5 naming the holder. Checkpoints are verified on load
+(:mod:`trainer.training.checkpoint`): a corrupt one is set aside and an
+older one used; when checkpoint files exist but none verifies, the daemon
+exits 4 with one line saying what to do, unless ``--start-fresh`` (then a
+new model reads the topic from its earliest offsets). The checkpointed
+offsets are checked against the topic on restore and on every assignment
+(:mod:`trainer.data.offset_check`): records removed before they were
+trained stop the run (exit 6) or, with ``--on-offset-gap continue``, are a
+counted gap kept in the checkpoint; a recreated or truncated topic is
+refused (exit 7). Exit statuses: :mod:`trainer.training.exits`.
+Run-wide counters (records, examples, dead letters) live in the checkpoint,
+so they count the whole run across restarts. A checkpoint that cannot be
+written (a full disk) is logged as an error naming the checkpoint
 kept; training goes on and the next one retries; if the final one fails the
 daemon exits 3. SIGTERM/SIGINT: finish the step, checkpoint, commit the
 offsets to the group, exit 0. ``--idle-seconds`` makes the run bounded: it
@@ -61,8 +69,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from features.directory_lock import DirectoryLock
 from features.kafka import KafkaSettings
 from trainer.data.kafka_source import KafkaSource
+from trainer.data.offset_check import OffsetRefusedError
 from trainer.metrics.progressive import ProgressiveMetrics
 from trainer.metrics.prometheus import RunTotals
 from trainer.metrics.reporting import Reporter
@@ -80,8 +90,6 @@ from trainer.training.run_config import DaemonConfig
 
 log = logging.getLogger("trainer.daemon")
 APPLIED_LOG_ENV = "GEM_DAEMON_APPLIED_LOG"
-EXIT_NO_CHECKPOINT = 2
-EXIT_CHECKPOINT_WRITE = 3
 
 
 class _Stop:
@@ -100,7 +108,7 @@ class _Stop:
 class _Outcome(NamedTuple):
     """How the loop ended: this rank's consumer error, the failed ranks."""
 
-    failure: RuntimeError | None
+    failure: Exception | None
     failed: list[int]
 
 
@@ -116,14 +124,32 @@ def run(
     entry, before the checkpoint is written.
     """
     ranks = Ranks.join(config.device, config.sharding)
+    # Rank 0 writes the checkpoints: it holds the directory for the run.
+    lock = DirectoryLock(config.checkpoint_dir, "--checkpoint-dir")
+    if ranks.rank == 0:
+        lock.acquire()
+    try:
+        return _run(config, settings, ranks, on_checkpoint)
+    finally:
+        lock.release()
+
+
+def _run(
+    config: DaemonConfig,
+    settings: KafkaSettings,
+    ranks: Ranks,
+    on_checkpoint: Callable[[LineageEntry], None] | None,
+) -> dict[str, Any]:
+    """:func:`run`, the directory held."""
     # Before the model is built: a directory to refuse is refused at once.
     restored = restore(config, ranks.rank)
     stop = _Stop()
     trainer = DaemonTrainer(config, ranks)
     offsets: dict[int, int] = {}
+    state: dict[str, Any] = restored[0] if restored is not None else {}
     if restored is not None:
-        trainer.load_state_dict(restored[0])
-        offsets = {int(p): int(o) for p, o in restored[0]["offsets"].items()}
+        trainer.load_state_dict(state)
+        offsets = {int(p): int(o) for p, o in state["offsets"].items()}
         log.info(
             "rank %d resumed from %s: step %d, offsets %s",
             ranks.rank,
@@ -141,11 +167,13 @@ def run(
         queue_size=config.queue_size,
         dead_letter=config.dead_letter,
         pin_memory=ranks.device.type == "cuda",
-        # A new model beside unusable checkpoints has seen none of the topic.
-        start_at_earliest=restored is None and config.start_fresh,
+        topic_id=state.get("topic_id"),
+        gaps=state.get("offset_gaps", []),
+        on_gap=config.on_offset_gap,
     ).start()
     reporter = _reporter(config, trainer, restored)
     reporter.watch_consumer(config.topic, source.lag)
+    reporter.watch_gaps(config.topic, source.gap_records)
     daemon = _Daemon(
         config,
         trainer,
@@ -202,12 +230,12 @@ class _Daemon:
     def train(self, stop: _Stop) -> _Outcome:
         """Step in lockstep until the gathered records say every rank is done."""
         config, trainer, source = self.config, self.trainer, self.source
-        failure: RuntimeError | None = None  # this rank's consumer thread died
+        failure: Exception | None = None  # this rank's consumer thread died
         timeout = 0.05 if trainer.ranks.distributed else 0.2
         while True:
             try:
                 item = source.next(timeout=timeout)
-            except RuntimeError as error:
+            except (RuntimeError, OffsetRefusedError) as error:
                 # Raised after the collective stop, or the peers would be left
                 # in the next all-gather with a dead rank.
                 failure, item = error, None

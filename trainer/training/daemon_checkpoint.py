@@ -8,6 +8,12 @@ the metrics gather, the replicated parameters' checksums, the full state
 (a collective when sharded), and rank 0's word on whether the file is
 durable. Only then are the offsets committed to the consumer group.
 
+The offsets are every rank's merged: each partition any rank was assigned
+(its start entered on assignment, :mod:`trainer.data.kafka_source`) or
+applied a record of, so a checkpoint is never silent on a partition its run
+read. Beside them: the topic's id and every offset gap of the run
+(:mod:`trainer.data.offset_check`).
+
 Each checkpoint carries a lineage id and its parent's id; the records
 applied since the parent are kept until a checkpoint holding them is
 written, so :class:`AppliedLog` can prove exactly once from the chain.
@@ -129,13 +135,16 @@ class DaemonCheckpointer:
         logged and with the state untouched, when it cannot be written: its
         records then go into the next checkpoint's lineage."""
         metrics = self.ranks.gather_objects(self.trainer.metrics.state_dict())
+        offsets, gaps = self._merged_offsets()
         # Ranks must hold equal copies; a cheap checksum proves it.
         sums = self.ranks.gather(self.trainer.checksums())
         new_id = uuid.uuid4().hex
         started = time.perf_counter()
         state = self.trainer.state_dict()
         state.update(
-            offsets={str(p): o for p, o in self.source.offsets().items()},
+            offsets={str(p): o for p, o in offsets.items()},
+            topic_id=self.source.topic_id,
+            offset_gaps=gaps,
             metrics=metrics,
             lineage=new_id,
             parent=self.lineage or "",
@@ -155,6 +164,22 @@ class DaemonCheckpointer:
         self.lineage, self.applied = new_id, []
         self.source.request_commit()
         return True
+
+    def _merged_offsets(self) -> tuple[dict[int, int], list[dict[str, Any]]]:
+        """Every rank's next offsets (the largest per partition) and gaps;
+        each rank's source takes them too, so any rank can resume any."""
+        offsets: dict[int, int] = {}
+        gaps: dict[tuple[Any, ...], dict[str, Any]] = {}
+        for ranks_offsets, ranks_gaps in self.ranks.gather_objects(
+            (self.source.offsets(), self.source.gaps())
+        ):
+            for partition, offset in ranks_offsets.items():
+                offsets[partition] = max(offset, offsets.get(partition, offset))
+            for gap in ranks_gaps:
+                gaps.setdefault((gap["partition"], gap["from"], gap["to"]), gap)
+        for partition, offset in offsets.items():
+            self.source.mark(partition, offset)
+        return offsets, list(gaps.values())
 
     def _save(self, state: dict[str, Any], final: bool, gathered: float) -> bool:
         """Rank 0: the lineage entry, then the file; False if it is not written."""

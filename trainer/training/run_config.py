@@ -22,6 +22,7 @@ from typing import Final
 
 from features.config_flags import flag, flag_field, positive_float, positive_int, share
 from trainer.cli import THREADS_HELP
+from trainer.data.offset_check import GAP_HELP, GAP_POLICIES
 
 PRECISIONS: Final = ("fp32", "bf16")
 """What ``--precision`` takes (the autocast itself: :mod:`trainer.training.device`)."""
@@ -223,6 +224,7 @@ class DaemonConfig(ModelRunConfig):
         "when no checkpoint in --checkpoint-dir verifies, train a new model "
         "from the topic's earliest offsets instead of refusing to start",
     )
+    on_offset_gap: str = flag_field("stop", GAP_HELP, choices=GAP_POLICIES)
     tensorboard_dir: Path | None = flag_field(
         None, "write TensorBoard event files there", name="--tensorboard"
     )
