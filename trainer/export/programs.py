@@ -73,11 +73,10 @@ def with_guard_row(
 ) -> tuple[torch.Tensor, ...]:
     """The inputs plus one last candidate with a history of two events.
 
-    TorchRec's sequence embedding asserts that a key's event count is at
-    least 2 in the exported graph (an unbacked size it cannot prove 0 or 1
-    for), so a request whose histories hold 0 or 1 event in all would fail;
-    the extra row keeps every count at 2 or more and is dropped from the
-    output. Candidates never see each other, so it changes no other row.
+    Keeps every sequence key's event count at 2 or more, as at trace time,
+    so no size guard of the traced graph meets a 0 or a 1 (export also runs
+    size-oblivious, :func:`export_program`); the row is dropped from the
+    output, and candidates never see each other, so it changes no other row.
     """
     events = torch.ones(_S, 2, dtype=seq_values.dtype)
     return (
