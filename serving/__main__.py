@@ -10,8 +10,8 @@ from pathlib import Path
 from features.cli import CommandError, CommandParser, run_command
 
 DESCRIPTION = """Score ad requests over HTTP + JSON (POST /score; the schema at
-/openapi.json) with the models exported under --artifacts (trainer.fit --save,
-trainer.distill --artifacts), from Feast's online store. Each model folder's
+/openapi.json) with the models exported under --artifacts (by trainer.fit,
+trainer.distill, trainer.export), from Feast's online store. Each model folder's
 `current` pointer is polled and a new version swapped in live; --pin serves
 one version. Prometheus metrics at /metrics."""
 
@@ -33,7 +33,7 @@ def build_parser() -> CommandParser:
         type=Path,
         default=None,
         help="local: the folder of registry.db and online_store.db "
-        "(python -m pipelines.feast --state-dir)",
+        "(the state folder python -m pipelines.feast wrote)",
     )
     parser.add_argument("--feast-project", default=None, help="Feast project")
     parser.add_argument("--feast-redis", default=None, help="prod: Redis host:port")

@@ -11,6 +11,7 @@ straight from the feature tables (per entity, the latest row with
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import shutil
@@ -36,7 +37,15 @@ from benchmarks.generated import generated_features
 from features.examples import LABEL_COLUMNS
 from features.feature_tables import EVENT_TIMESTAMP, FEATURE_TABLES, read_feature_table
 from features.model_inputs import DENSE_NAMES, SPARSE_NAMES, sequence_time_buckets
-from features.serving_artifacts import CURRENT, PROGRAM, VERSIONS, current_version
+from features.serving_artifacts import (
+    CURRENT,
+    GEM_MODEL,
+    PROGRAM,
+    VERSIONS,
+    current_version,
+    load_manifest,
+    student_model,
+)
 from features.vocab import DOMAINS, SURFACES
 from launchers.jvm import free_loopback_port
 from pipelines.feast import ops as feast_ops
@@ -48,7 +57,8 @@ from trainer.data.feature_output import (
     time_forward_split,
 )
 from trainer.data.inputs import make_batch
-from trainer.distill.teacher import load_teacher
+from trainer.distill.student import StudentConfig, VerticalStudent
+from trainer.distill.teacher import load_teacher, teacher_forward
 from trainer.export.checkpoints import write_checkpoint
 
 pytestmark = pytest.mark.slow
@@ -57,16 +67,35 @@ REPO = Path(__file__).resolve().parents[1]
 CONFIG = GeneratorConfig(users=300, ads=60, days=3, seed=7)
 MAX_SEQ_LEN = 32
 SAMPLE = 24
+STUDENT_DOMAIN = "facebook"
 
 
 @dataclass(frozen=True)
 class World:
-    features: Path
-    eval: Path
-    checkpoint: Path
-    artifacts: Path
-    request_ms: int
+    """The trained artifacts behind a running server."""
+
+    trained: Trained
     url: str
+
+    @property
+    def features(self) -> Path:
+        return self.trained.features
+
+    @property
+    def eval(self) -> Path:
+        return self.trained.eval
+
+    @property
+    def checkpoint(self) -> Path:
+        return self.trained.checkpoint
+
+    @property
+    def artifacts(self) -> Path:
+        return self.trained.artifacts
+
+    @property
+    def request_ms(self) -> int:
+        return self.trained.request_ms
 
 
 def _http(url: str, body: Any = None, raw: bytes | None = None) -> tuple[int, Any]:
@@ -101,8 +130,21 @@ def _wait(predicate: Any, seconds: float) -> Any:
     raise AssertionError("timed out")
 
 
+@dataclass(frozen=True)
+class Trained:
+    """The world's features, the GEM checkpoint, and the artifacts of GEM
+    (``trainer.fit --save``) and of the facebook student (``trainer.distill``)."""
+
+    root: Path
+    features: Path
+    eval: Path
+    checkpoint: Path
+    artifacts: Path
+    request_ms: int
+
+
 @pytest.fixture(scope="module")
-def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+def trained(tmp_path_factory: pytest.TempPathFactory) -> Trained:
     root = tmp_path_factory.mktemp("serving")
     generated_features(CONFIG, root / "gen", root / "f")
     cut = cut_at_fraction(root / "f", 0.8)
@@ -112,45 +154,88 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     argv += ["--artifacts", str(root / "artifacts"), "--preset", "tiny"]
     argv += ["--max-seq-len", str(MAX_SEQ_LEN), "--batch-size", "256"]
     assert fit_command.main(argv) == 0
-    project = f"t_{uuid.uuid4().hex[:10]}"
-    store = FeatureStore(
-        config=feast_ops.repo_config("local", state_dir=root / "feast", project=project)
+    gem_version = current_version(root / "artifacts" / GEM_MODEL)
+    # The students read the teacher's embedding: the teacher's program (the
+    # gem version trainer.fit wrote from the same checkpoint) rides along.
+    distill = [
+        sys.executable,
+        "-m",
+        "trainer.distill",
+        "--teacher",
+        str(root / "model"),
+    ]
+    distill += ["--examples", str(root / "train"), "--eval", str(root / "eval")]
+    distill += ["--domains", STUDENT_DOMAIN, "--methods", "full"]
+    distill += ["--metrics-out", str(root / "distill.json"), "--batch-size", "256"]
+    distill += ["--artifacts", str(root / "artifacts")]
+    done = subprocess.run(
+        distill, cwd=REPO, capture_output=True, text=True, timeout=600
     )
-    feast_ops.apply(store, root / "f")
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads((root / "distill.json").read_text())
+    student = Path(report["domains"][STUDENT_DOMAIN]["artifact"])
+    manifest = load_manifest(student)
+    assert manifest.teacher_embedding_dim > 0
+    assert manifest.source["teacher_version"] == gem_version
+    assert current_version(root / "artifacts" / GEM_MODEL) == gem_version
+    newest = max(
+        int(pc.max(read_feature_table(root / "f", n)[EVENT_TIMESTAMP]).value)
+        for n in FEATURE_TABLES
+    )
+    return Trained(
+        root,
+        root / "f",
+        root / "eval",
+        root / "model",
+        root / "artifacts",
+        newest + 3_600_000,
+    )
+
+
+@contextlib.contextmanager
+def serve(trained: Trained, log: Path, *flags: str) -> Iterator[str]:
+    """``python -m serving`` on the trained artifacts; its URL once every
+    model folder serves a version."""
+    port = free_loopback_port()
+    command = [sys.executable, "-m", "serving", "--artifacts", str(trained.artifacts)]
+    command += ["--port", str(port), "--poll-seconds", "0.5", *flags]
+    server = subprocess.Popen(
+        command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=log.open("w")
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait(
+            lambda: all(m["version"] for m in _http(f"{url}/models")[1].values()),
+            240,
+        )
+        yield url
+    finally:
+        server.terminate()
+        server.wait(30)
+
+
+@pytest.fixture(scope="module")
+def world(trained: Trained) -> Iterator[World]:
+    """The trained artifacts served from Feast's SQLite online store."""
+    project = f"t_{uuid.uuid4().hex[:10]}"
+    state = trained.root / "feast"
+    store = FeatureStore(
+        config=feast_ops.repo_config("local", state_dir=state, project=project)
+    )
+    feast_ops.apply(store, trained.features)
+    _materialize(store)
+    flags = ["--feast-state-dir", str(state), "--feast-project", project]
+    with serve(trained, trained.root / "server.log", *flags) as url:
+        yield World(trained, url)
+
+
+def _materialize(store: FeatureStore) -> None:
     feast_ops.materialize(
         store,
         start=dt.datetime(1970, 1, 2, tzinfo=dt.UTC),
         end=dt.datetime(2100, 1, 1, tzinfo=dt.UTC),
         quiet=True,
     )
-    newest = max(
-        int(pc.max(read_feature_table(root / "f", n)[EVENT_TIMESTAMP]).value)
-        for n in FEATURE_TABLES
-    )
-    port = free_loopback_port()
-    command = [sys.executable, "-m", "serving", "--artifacts", str(root / "artifacts")]
-    command += ["--feast-state-dir", str(root / "feast"), "--feast-project", project]
-    command += ["--port", str(port), "--poll-seconds", "0.5"]
-    server = subprocess.Popen(
-        command,
-        cwd=REPO,
-        stdout=subprocess.DEVNULL,
-        stderr=(root / "server.log").open("w"),
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _wait(lambda: _http(f"{url}/models")[1].get("gem", {}).get("version"), 240)
-        yield World(
-            root / "f",
-            root / "eval",
-            root / "model",
-            root / "artifacts",
-            newest + 3_600_000,
-            url,
-        )
-    finally:
-        server.terminate()
-        server.wait(30)
 
 
 def _as_of(features: Path, name: str, t_ms: int) -> dict[int, dict[str, Any]]:
@@ -222,8 +307,12 @@ def _offline_examples(world: World, pairs: list[dict[str, Any]]) -> pa.Table:
     return pa.table(arrays)
 
 
-def _sample(world: World) -> list[dict[str, Any]]:
+def _sample(world: World, domain: str | None = None) -> list[dict[str, Any]]:
     examples = read_examples(world.eval).slice(0, 400)
+    if domain is not None:
+        examples = examples.filter(
+            pc.equal(examples["domain"], DOMAINS.index(domain) + 1)
+        )
     rng = np.random.default_rng(0)
     rows = examples.take(pa.array(rng.choice(examples.num_rows, SAMPLE, replace=False)))
     return [
@@ -286,6 +375,50 @@ def test_served_scores_equal_the_checkpoints_offline_scores(world: World) -> Non
     np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
 
 
+def _student_offline(world: World, pairs: list[dict[str, Any]]) -> np.ndarray:
+    """The served student's scores, run eagerly by the trainer's own code: the
+    student rebuilt from its program's weights, the teacher's embedding from
+    the checkpoint, both on the point-in-time rows."""
+    model_dir = world.artifacts / student_model(STUDENT_DOMAIN)
+    version = model_dir / VERSIONS / str(current_version(model_dir))
+    raw = load_manifest(version).model_config["student"]
+    config = StudentConfig(
+        **{k: tuple(v) if isinstance(v, list) else v for k, v in raw.items()}
+    )
+    student = VerticalStudent(config, torch.zeros(2))
+    weights = torch.export.load(version / PROGRAM).state_dict
+    student.load_state_dict({k.removeprefix("student."): v for k, v in weights.items()})
+    student.eval()
+    batch = make_batch(_offline_examples(world, pairs), None, max_seq_len=MAX_SEQ_LEN)
+    teacher = load_teacher(world.checkpoint)
+    _, embedding = next(teacher_forward(teacher, iter([batch])))
+    with torch.no_grad():
+        logits = student(batch, torch.from_numpy(embedding)).serving
+    return torch.sigmoid(logits).numpy()
+
+
+def test_the_default_model_is_the_domains_student_and_serves_as_offline(
+    world: World,
+) -> None:
+    pairs = _sample(world, STUDENT_DOMAIN)[:12]
+    offline = _student_offline(world, pairs)
+    served = []
+    for pair in pairs:
+        status, body = _http(
+            f"{world.url}/score",
+            {
+                **{k: pair[k] for k in ("user_id", "domain", "surface")},
+                "ad_ids": [pair["ad_id"]],
+                "request_time_ms": world.request_ms,
+            },
+        )
+        assert status == 200, body
+        assert body["model"] == student_model(STUDENT_DOMAIN)
+        served.append([body["scores"][0]["click"], body["scores"][0]["conversion"]])
+    np.testing.assert_allclose(np.asarray(served), offline, atol=1e-5, rtol=0)
+    assert len({round(float(v), 6) for v in offline[:, 0]}) > 1  # not a constant
+
+
 def test_bad_requests_get_a_reason_and_are_counted(world: World) -> None:
     good = {"user_id": 1, "domain": "facebook", "surface": "feed", "ad_ids": [1, 2]}
     cases = [
@@ -294,7 +427,11 @@ def test_bad_requests_get_a_reason_and_are_counted(world: World) -> None:
         ({**good, "model": "gem", "ad_ids": list(range(501))}, 413, "candidates"),
         ({**good, "domain": "nowhere"}, 422, "domain"),
         ({**good, "ad_ids": "x"}, 422, "ad_ids"),
-        (good, 503, "no loadable version of student-facebook"),
+        (
+            {**good, "domain": "instagram"},
+            503,
+            "no loadable version of student-instagram",
+        ),
         ({**good, "model": "bert"}, 404, "unknown model"),
     ]
     for body, status, reason in cases:

@@ -7,11 +7,16 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from features.cli import CommandParser, run_command
+from features.config_flags import positive_int
 from trainer.cli import CHECKPOINT_HELP, start_torch
 
-DESCRIPTION = """Export a model checkpoint (trainer.fit --save, trainer.daemon) as
-the next version of ARTIFACTS/gem, a torch.export program with its manifest
-(features.serving_artifacts), and point ARTIFACTS/gem/current at it."""
+DESCRIPTION = """Export a checkpoint as the next version of its model under
+ARTIFACTS, a torch.export program with its manifest
+(features.serving_artifacts), and point the model's `current` at it: a model
+checkpoint (trainer.fit's, trainer.daemon's) becomes ARTIFACTS/gem, a
+student checkpoint (trainer.distill.daemon) ARTIFACTS/student-<domain>, with
+its teacher's program beside it when it reads the teacher's embedding. Prints
+the version's folder."""
 
 
 def build_parser() -> CommandParser:
@@ -21,7 +26,14 @@ def build_parser() -> CommandParser:
     parser.add_argument(
         "--artifacts", type=Path, required=True, help="serving artifacts root"
     )
-    parser.add_argument("--keep", type=int, default=3, help="versions kept")
+    parser.add_argument("--keep", type=positive_int, default=3, help="versions kept")
+    parser.add_argument(
+        "--max-seq-len",
+        type=positive_int,
+        default=None,
+        help="history events served per request (default: the window the "
+        "model, or a student's teacher, was configured with)",
+    )
     return parser
 
 
@@ -30,7 +42,14 @@ def run(args: argparse.Namespace) -> int:
     start_torch(1)
     from trainer.export.checkpoints import write_checkpoint
 
-    print(write_checkpoint(args.checkpoint, args.artifacts, keep=args.keep))
+    print(
+        write_checkpoint(
+            args.checkpoint,
+            args.artifacts,
+            keep=args.keep,
+            max_seq_len=args.max_seq_len,
+        )
+    )
     return 0
 
 

@@ -23,7 +23,7 @@ from features.serving_artifacts import (
     student_model,
     write_version,
 )
-from trainer.distill.student import VerticalStudent
+from trainer.distill.student import VerticalStudent, student_config_dict
 from trainer.export.programs import (
     GemProgram,
     StudentProgram,
@@ -108,13 +108,7 @@ def write_student(
         domain=domain,
         max_seq_len=max_seq_len,
         teacher_embedding_dim=dim,
-        model_config={
-            "student": student.config.__dict__
-            | {
-                "dense_arch": list(student.config.dense_arch),
-                "over_arch": list(student.config.over_arch),
-            }
-        },
+        model_config={"student": student_config_dict(student.config)},
         trained_to=trained_to,
         calibration={"method": "none", "head": "serving"},
         source=source,
