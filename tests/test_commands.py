@@ -211,6 +211,7 @@ COMMANDS: dict[str, set[str]] = {
         "--artifacts",
     },
     "trainer.export": {"--checkpoint", "--artifacts", "--keep", "--max-seq-len"},
+    "serving.versions": {"--artifacts", "--rollback", "--to"},
     "serving": {
         "--artifacts",
         "--host",

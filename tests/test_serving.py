@@ -12,6 +12,7 @@ straight from the feature tables (per entity, the latest row with
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as dt
 import json
 import shutil
@@ -33,6 +34,7 @@ import pytest
 import torch
 from feast import FeatureStore
 
+from benchmarks.bench_feast import REDIS, redis_store
 from benchmarks.generated import generated_features
 from features.examples import LABEL_COLUMNS
 from features.feature_tables import EVENT_TIMESTAMP, FEATURE_TABLES, read_feature_table
@@ -43,6 +45,7 @@ from features.serving_artifacts import (
     PROGRAM,
     VERSIONS,
     current_version,
+    list_versions,
     load_manifest,
     student_model,
 )
@@ -60,8 +63,9 @@ from trainer.data.inputs import make_batch
 from trainer.distill.student import StudentConfig, VerticalStudent
 from trainer.distill.teacher import load_teacher, teacher_forward
 from trainer.export.checkpoints import write_checkpoint
+from trainer.export.periodic import PeriodicExport
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = GeneratorConfig(users=300, ads=60, days=3, seed=7)
@@ -76,6 +80,7 @@ class World:
 
     trained: Trained
     url: str
+    project: str
 
     @property
     def features(self) -> Path:
@@ -226,7 +231,37 @@ def world(trained: Trained) -> Iterator[World]:
     _materialize(store)
     flags = ["--feast-state-dir", str(state), "--feast-project", project]
     with serve(trained, trained.root / "server.log", *flags) as url:
-        yield World(trained, url)
+        yield World(trained, url, project)
+
+
+@pytest.fixture(scope="module")
+def redis_world(trained: Trained) -> Iterator[World]:
+    """The trained artifacts served from Feast's Redis online store (the
+    repository's prod configuration; its SQL registry on a SQLite file)."""
+    project = f"t_{uuid.uuid4().hex[:10]}"
+    state = trained.root / "feast-prod"
+    store = redis_store(state, project)
+    feast_ops.apply(store, trained.features)
+    try:
+        _materialize(store)
+        flags = ["--feast-env", "prod", "--feast-project", project]
+        flags += ["--feast-redis", REDIS]
+        flags += [
+            "--feast-registry-url",
+            f"sqlite:///{state / f'registry-{project}.db'}",
+        ]
+        with serve(trained, trained.root / "server-redis.log", *flags) as url:
+            yield World(trained, url, project)
+    finally:
+        store.teardown()  # the project's Redis keys
+
+
+@pytest.fixture(params=["sqlite", pytest.param("redis", marks=pytest.mark.integration)])
+def served(request: pytest.FixtureRequest) -> World:
+    """The server on each online store."""
+    name = "world" if request.param == "sqlite" else "redis_world"
+    world: World = request.getfixturevalue(name)
+    return world
 
 
 def _materialize(store: FeatureStore) -> None:
@@ -326,7 +361,8 @@ def _sample(world: World, domain: str | None = None) -> list[dict[str, Any]]:
     ]
 
 
-def test_served_scores_equal_the_checkpoints_offline_scores(world: World) -> None:
+def test_served_scores_equal_the_checkpoints_offline_scores(served: World) -> None:
+    world = served
     pairs = _sample(world)
     teacher = load_teacher(world.checkpoint)
     batch = make_batch(_offline_examples(world, pairs), None, max_seq_len=MAX_SEQ_LEN)
@@ -398,8 +434,9 @@ def _student_offline(world: World, pairs: list[dict[str, Any]]) -> np.ndarray:
 
 
 def test_the_default_model_is_the_domains_student_and_serves_as_offline(
-    world: World,
+    served: World,
 ) -> None:
+    world = served
     pairs = _sample(world, STUDENT_DOMAIN)[:12]
     offline = _student_offline(world, pairs)
     served = []
@@ -459,6 +496,68 @@ def test_bad_requests_get_a_reason_and_are_counted(world: World) -> None:
         assert line in metrics, line
 
 
+def _versions(*argv: str) -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", "serving.versions", *argv],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def _gem_version(url: str) -> str:
+    status, body = _http(
+        f"{url}/score",
+        {"user_id": 1, "domain": "facebook", "surface": "feed", "ad_ids": [1]}
+        | {"model": "gem"},
+    )
+    assert status == 200, body
+    version: str = body["model_version"]
+    return version
+
+
+def test_a_pinned_server_keeps_its_version_and_a_rollback_swaps_back(
+    world: World, tmp_path: Path
+) -> None:
+    model_dir = world.artifacts / GEM_MODEL
+    older = current_version(model_dir)
+    newer = write_checkpoint(world.checkpoint, world.artifacts).name
+    assert older is not None
+    assert newer > older
+    _wait(lambda: _gem_version(world.url) == newer, 120)
+    # A second server, pinned to the older version, on a copy of gem alone.
+    pinned_root = tmp_path / "artifacts"
+    shutil.copytree(model_dir, pinned_root / GEM_MODEL)
+    trained = dataclasses.replace(world.trained, artifacts=pinned_root)
+    state = world.trained.root / "feast"
+    flags = ["--feast-state-dir", str(state), "--feast-project", world.project]
+    flags += ["--pin", f"{GEM_MODEL}={older}"]
+    with serve(trained, tmp_path / "pinned.log", *flags) as pinned:
+        assert _http(f"{pinned}/models")[1][GEM_MODEL]["pinned"] == older
+        assert _gem_version(pinned) == older
+        # Its pointer moves on; the pinned server does not.
+        write_checkpoint(world.checkpoint, pinned_root)
+        time.sleep(2)
+        assert _gem_version(pinned) == older
+    # A rollback points current at the version before it; the server swaps.
+    listed = _versions("--artifacts", str(world.artifacts))
+    assert f"* {GEM_MODEL} {newer}" in listed
+    assert f"  {GEM_MODEL} {older}" in listed
+    assert _versions("--artifacts", str(world.artifacts), "--rollback", GEM_MODEL) == (
+        f"{GEM_MODEL} current {older}\n"
+    )
+    assert current_version(model_dir) == older
+    _wait(lambda: _gem_version(world.url) == older, 120)
+    # And forward again, to a named version.
+    _versions(
+        "--artifacts", str(world.artifacts), "--rollback", GEM_MODEL, "--to", newer
+    )
+    _wait(lambda: _gem_version(world.url) == newer, 120)
+
+
 def test_a_new_version_is_swapped_in_and_a_corrupt_one_refused(world: World) -> None:
     model_dir = world.artifacts / "gem"
     before = current_version(model_dir)
@@ -483,3 +582,20 @@ def test_a_new_version_is_swapped_in_and_a_corrupt_one_refused(world: World) -> 
     )
     assert status == 200
     assert body["model_version"] == fresh
+
+
+def test_a_daemon_export_runs_when_due_one_at_a_time(
+    trained: Trained, tmp_path: Path
+) -> None:
+    root = tmp_path / "artifacts"
+    export = PeriodicExport(root, every_steps=10)
+    assert export.checkpoint_written(trained.checkpoint, 5)
+    assert not export.checkpoint_written(trained.checkpoint, 20)  # one at a time
+    export.close()
+    assert (export.exported, export.failed) == (1, 0)
+    assert not export.checkpoint_written(trained.checkpoint, 14)  # 9 steps on
+    assert export.due(15, time.monotonic())
+    assert len(list_versions(root / GEM_MODEL)) == 1
+    assert load_manifest(
+        root / GEM_MODEL / VERSIONS / str(current_version(root / GEM_MODEL))
+    )
