@@ -3,7 +3,9 @@
 - ``features/`` is the contract: it imports neither torch nor Apache Beam nor
   Feast, so every process can load it cheaply.
 - ``pipelines/`` and ``trainer/`` never import or start each other; both stand
-  on ``features/``. Only ``demos/`` knows both wings, and nothing imports it.
+  on ``features/``. ``serving/`` imports and starts neither: it reads the
+  artifacts the trainer exports and the online store the pipelines fill.
+  Only ``demos/`` knows both wings, and nothing imports it.
 - The batch and streaming jobs share ``pipelines.beam`` and ``pipelines.core``
   but not each other's stages; ``pipelines.core`` imports no Beam.
 - No import circles between the project's modules.
@@ -25,7 +27,7 @@ import pytest
 from tests.interpreter import run_python
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("features", "pipelines", "trainer", "demos", "launchers")
+PACKAGES = ("features", "pipelines", "trainer", "serving", "demos", "launchers")
 MAX_MODULE_LINES = 600
 MAX_FUNCTION_LINES = 100
 
@@ -139,7 +141,13 @@ def test_only_tests_import_the_demos() -> None:
 
 
 @pytest.mark.parametrize(
-    ("package", "forbidden"), [("pipelines", "trainer"), ("trainer", "pipelines")]
+    ("package", "forbidden"),
+    [
+        ("pipelines", "trainer"),
+        ("trainer", "pipelines"),
+        ("serving", "trainer"),
+        ("serving", "pipelines"),
+    ],
 )
 def test_pipelines_and_trainer_do_not_start_each_other(
     package: str, forbidden: str
@@ -208,6 +216,11 @@ def test_features_imports_no_heavy_frameworks() -> None:
     [
         ("pipelines", "trainer"),
         ("trainer", "pipelines"),
+        ("serving", "trainer"),
+        ("serving", "pipelines"),
+        ("serving", "demos"),
+        ("pipelines", "serving"),
+        ("trainer", "serving"),
         # The two Beam jobs share pipelines.beam and pipelines.core, not
         # each other's stages; the kernels run without Beam.
         ("pipelines/batch", "pipelines.streaming"),

@@ -6,11 +6,21 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
+from features.serving_artifacts import (
+    PROGRAM,
+    TEACHER_PROGRAM,
+    load_manifest,
+    student_model,
+)
 from features.vocab import DOMAINS
 from tests.example_feed import PER_MESSAGE, ExampleFeed, message_chunks
 from trainer.distill.run_config import FULL, DistillConfig
+from trainer.distill.student import VerticalStudent, student_from_record
 from trainer.distill.student_daemon import run as run_student
+from trainer.export.checkpoints import write_checkpoint
+from trainer.export.programs import StudentProgram, example_inputs
 from trainer.training.checkpoint import load_latest
 
 pytestmark = pytest.mark.integration
@@ -55,6 +65,29 @@ def test_teacher_stream_then_student_daemon_exactly_once(
     assert sum(state["offsets"].values()) == MESSAGES  # 2 partitions, from 0
     assert sum(state["teacher_offsets"].values()) == MESSAGES
     assert state["examples"] == expected
+
+    # The checkpoint says which student it holds: it exports as an artifact
+    # whose program scores as the checkpoint's student does.
+    exported = write_checkpoint(tmp_path / "student", tmp_path / "artifacts")
+    manifest = load_manifest(exported)
+    assert (manifest.model, manifest.kind, manifest.domain) == (
+        student_model("facebook"),
+        "student",
+        "facebook",
+    )
+    assert manifest.teacher_embedding_dim > 0
+    assert TEACHER_PROGRAM in manifest.files
+    assert manifest.trained_to["offsets"] == state["offsets"]
+    sizes, domain, _ = student_from_record(state)
+    assert domain == "facebook"
+    student = VerticalStudent(sizes, torch.zeros(2))
+    student.load_state_dict(state["model"]["student"])
+    inputs = example_inputs(manifest.max_seq_len)
+    embedding = torch.randn(inputs[3].shape[0], manifest.teacher_embedding_dim)
+    with torch.no_grad():
+        want = StudentProgram(student.eval())(*inputs, embedding)
+        got = torch.export.load(exported / PROGRAM).module()(*inputs, embedding)
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
 
     # A restart resumes from the checkpoint: nothing is applied twice.
     again = run_student(config, feed.settings)

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from benchmarks.generated import generated_features
+from features.serving_artifacts import current_version, load_manifest
 from features.vocab import DOMAINS, TRAINING_OBJECTIVES
 from pipelines.sources.synthetic import GeneratorConfig
 from tests.interpreter import run_python
@@ -163,6 +164,23 @@ def test_cli_trains_each_domain_without_the_teacher_code(
     child = json.loads(run.stdout.strip().splitlines()[-1])
     assert child == {"rc": 0, "imported": []}
     report = json.loads(out.read_text())
+    # Served beside the report: the student, and the teacher whose embedding
+    # it reads, exported by python -m trainer.export in a subprocess.
+    student = load_manifest(Path(report["domains"]["facebook"]["artifact"]))
+    assert student.kind == "student"
+    assert student.domain == "facebook"
+    assert student.max_seq_len == SEQ
+    assert student.teacher_embedding_dim > 0
+    serving = tmp_path / "serving"
+    gem = load_manifest(
+        serving / "gem" / "versions" / student.source["teacher_version"]
+    )
+    assert gem.source["checkpoint"] == str(world["ckpt"])
+    assert gem.max_seq_len == SEQ
+    assert (
+        current_version(serving / "student-facebook")
+        == Path(report["domains"]["facebook"]["artifact"]).name
+    )
     assert report["teacher_seen"]["max_staleness_hours"] > 0
     trained = [d for d, r in report["domains"].items() if "eval" in r]
     assert trained == ["facebook"], report["domains"]

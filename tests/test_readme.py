@@ -135,11 +135,13 @@ def substitutions() -> dict[str, str]:
     """README text -> what runs here. Only ports: the READMEs' sizes are
     already small, and a fixed port may be taken by another run on this
     machine."""
-    kafka, prometheus = free_port(), free_port()
+    kafka, prometheus, serving = free_port(), free_port(), free_port()
     return {
         "127.0.0.1:9092": f"127.0.0.1:{kafka}",
         "--port 9092": f"--port {kafka}",
         "--prometheus-port 9108": f"--prometheus-port {prometheus}",
+        "127.0.0.1:8080": f"127.0.0.1:{serving}",
+        "--port 8080": f"--port {serving}",
     }
 
 

@@ -39,7 +39,13 @@ class FitOutputs:
     save: Path | None = flag_field(
         None,
         "write the evaluated model there as a checkpoint that carries its "
-        "configuration (a folder of its own: a checkpoint there is replaced)",
+        "configuration (a folder of its own: a checkpoint there is replaced), "
+        "and its serving artifact under --artifacts",
+    )
+    artifacts: Path | None = flag_field(
+        None,
+        "serving artifacts root for --save's model (ARTIFACTS/gem, "
+        "features.serving_artifacts); default SAVE/serving",
     )
 
 
@@ -71,6 +77,8 @@ def run(args: argparse.Namespace) -> int:
         eval_data=evals,
         validation_data=validation,
         save_dir=outputs.save,
+        artifacts_dir=outputs.artifacts
+        or (outputs.save / "serving" if outputs.save else None),
     )
     outputs.metrics_out.parent.mkdir(parents=True, exist_ok=True)
     outputs.metrics_out.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")

@@ -9,8 +9,9 @@ become tensors with ``torch.from_numpy`` (no copy).
 Ids and ranges:
 
 - ``user_id``, ``ad_id``, ``advertiser_id``, ``campaign_id`` and
-  ``seq_item_id`` are raw ids, folded into their tables with
-  :func:`features.registry.hash_bucket`;
+  ``seq_item_id`` are raw ids, folded into their tables
+  (:func:`features.model_inputs.feature_ids`, which the scoring service
+  uses too);
 - every other sparse and sequence value is already an id; one outside
   ``[0, num_embeddings)`` means the producer broke the contract, so it raises
   ``ValueError`` (the Kafka consumer sets such a message aside) instead of
@@ -19,7 +20,7 @@ Ids and ranges:
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -28,22 +29,10 @@ import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from features.examples import LABEL_COLUMNS
-from features.registry import (
-    DENSE_FEATURES,
-    SEQUENCE_FEATURES,
-    SPARSE_FEATURES,
-    hash_bucket,
-)
+from features.model_inputs import dense_inputs, sequence_ids, sparse_ids
+from features.registry import DENSE_FEATURES
 from features.windows import SEQUENCE_COLUMNS, Windows, example_windows
 from trainer.data.batch import SEQUENCE_FEATURE_NAMES, SPARSE_FEATURE_NAMES, Batch
-
-# Raw ids hashed into their tables; everything else must already be in range.
-HASHED_FEATURES: Final = frozenset(
-    {"user_id", "ad_id", "advertiser_id", "campaign_id", "seq_item_id"}
-)
-_TABLE_ROWS: Final = {f.name: f.num_embeddings for f in SPARSE_FEATURES} | {
-    f.name: f.num_embeddings for f in SEQUENCE_FEATURES
-}
 
 
 def _column(table: pa.Table, name: str, dtype: type[np.generic]) -> npt.NDArray[Any]:
@@ -53,18 +42,6 @@ def _column(table: pa.Table, name: str, dtype: type[np.generic]) -> npt.NDArray[
     if pa.types.is_timestamp(array.type):
         array = array.cast(pa.int64())
     return np.asarray(array.to_numpy(zero_copy_only=False), dtype=dtype)
-
-
-def _ids(name: str, values: npt.ArrayLike) -> npt.NDArray[np.int64]:
-    """Ids of feature ``name`` in its table: hashed, or checked in range."""
-    rows = _TABLE_ROWS[name]
-    if name in HASHED_FEATURES:
-        return hash_bucket(values, rows)
-    ids = np.asarray(values, dtype=np.int64)
-    if ids.size and (ids.min() < 0 or ids.max() >= rows):
-        bad = ids[(ids < 0) | (ids >= rows)][:5].tolist()
-        raise ValueError(f"{name} ids {bad} outside its table [0, {rows})")
-    return ids
 
 
 def sparse_kjt(examples: pa.Table) -> KeyedJaggedTensor:
@@ -77,9 +54,8 @@ def sparse_kjt(examples: pa.Table) -> KeyedJaggedTensor:
         KJT with F * B values (key-major) and all lengths 1.
     """
     n = examples.num_rows
-    values = np.empty((len(SPARSE_FEATURE_NAMES), n), dtype=np.int64)
-    for i, name in enumerate(SPARSE_FEATURE_NAMES):
-        values[i] = _ids(name, _column(examples, name, np.int64))
+    columns = {name: _column(examples, name, np.int64) for name in SPARSE_FEATURE_NAMES}
+    values = sparse_ids(columns, n)
     return KeyedJaggedTensor.from_lengths_sync(
         keys=list(SPARSE_FEATURE_NAMES),
         values=torch.from_numpy(values.reshape(-1)),
@@ -96,10 +72,7 @@ def sequence_kjt(windows: Windows) -> KeyedJaggedTensor:
     Returns:
         KJT with S * N int64 values (key-major) and lengths L tiled S times.
     """
-    total = int(windows.offsets[-1])
-    values = np.empty((len(SEQUENCE_FEATURE_NAMES), total), dtype=np.int64)
-    for i, name in enumerate(SEQUENCE_FEATURE_NAMES):
-        values[i] = _ids(name, windows.values[name])
+    values = sequence_ids(windows.values, int(windows.offsets[-1]))
     lengths = np.tile(windows.lengths.astype(np.int32), len(SEQUENCE_FEATURE_NAMES))
     return KeyedJaggedTensor.from_lengths_sync(
         keys=list(SEQUENCE_FEATURE_NAMES),
@@ -148,10 +121,10 @@ def make_batch(
         windows = materialized_windows(examples)
     else:
         windows = example_windows(examples, timelines, max_seq_len)
-    dense = np.empty((examples.num_rows, len(DENSE_FEATURES)), dtype=np.float32)
-    for i, feature in enumerate(DENSE_FEATURES):
-        dense[:, i] = _column(examples, feature.name, np.float32)
-    np.log1p(dense, out=dense)
+    dense = dense_inputs(
+        {f.name: _column(examples, f.name, np.float32) for f in DENSE_FEATURES},
+        examples.num_rows,
+    )
     labels = np.stack(
         [_column(examples, name, np.float32) for name in LABEL_COLUMNS], axis=1
     )

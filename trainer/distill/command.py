@@ -41,7 +41,8 @@ trainer.distill.teacher_outputs, in a subprocess) when absent. The teacher
 model is the one its checkpoint describes. The metrics file holds, per
 domain, the student's NE / AUC / calibration per objective next to the raw
 teacher's (and the adapter's), the teacher steps and staleness the student
-saw, and per-day progressive calibration."""
+saw, and per-day progressive calibration. Each student is exported as a
+serving artifact (--artifacts) for python -m serving."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -77,6 +78,12 @@ class DistillJob:
         1, f"{THREADS_HELP} (the teacher's pass and the students')", type=positive_int
     )
     metrics_out: Path = field(metadata=flag(REPORT_HELP, metavar="FILE"))
+    artifacts: Path | None = flag_field(
+        None,
+        "serving artifacts root: each student as ARTIFACTS/student-<domain> "
+        "(features.serving_artifacts), with the teacher as ARTIFACTS/gem when "
+        "a student reads its embedding (default: METRICS_OUT's folder/serving)",
+    )
 
 
 def build_parser() -> CommandParser:
@@ -102,6 +109,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = DistillConfig(**config_fields(args, DistillConfig))
     start_torch(job.threads)
     from features.json_report import json_safe
+    from trainer.distill.artifacts import StudentExporter
     from trainer.distill.run import (
         combined_outputs,
         distill_domains,
@@ -109,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
         load_split,
         staleness_summary,
     )
-    from trainer.training.checkpoint import read_model_checkpoint
+    from trainer.training.checkpoint import model_from_record, read_model_checkpoint
 
     # Checked here, before a subprocess would run the teacher over the data.
     state, teacher_path = read_model_checkpoint(job.teacher, "--teacher")
@@ -137,14 +145,27 @@ def run(args: argparse.Namespace) -> int:
         split = load_split(job.examples, job.eval)
     except ValueError as error:
         raise CommandError(str(error)) from error
-    report_domains = distill_domains(
-        cfg,
-        split,
-        combined_outputs(*output_dirs),
+    exporter = StudentExporter(
+        job.artifacts or job.metrics_out.parent / "serving",
+        teacher_path,
         state,
-        domains=domains,
-        checkpoint_path=teacher_path,
+        job.teacher_max_seq_len
+        or model_from_record(state, teacher_path)[1].embedding.max_seq_len,
     )
+    try:
+        report_domains = distill_domains(
+            cfg,
+            split,
+            combined_outputs(*output_dirs),
+            state,
+            domains=domains,
+            checkpoint_path=teacher_path,
+            exporter=exporter,
+        )
+    except subprocess.CalledProcessError as error:
+        raise CommandError(
+            "python -m trainer.export failed on the teacher (its error is above)"
+        ) from error
     report = {
         "teacher_checkpoint": str(teacher_path),
         "teacher_step": int(state["step"]),

@@ -21,6 +21,7 @@ import pyarrow.compute as pc
 from features.cli import progress
 from features.vocab import DOMAINS
 from trainer.data.feature_output import event_time_ms, read_examples, read_timelines
+from trainer.distill.artifacts import StudentExporter
 from trainer.distill.records import read_teacher_outputs
 from trainer.distill.run_config import DistillConfig
 from trainer.distill.sharing import embedding_settings, teacher_tables
@@ -112,11 +113,13 @@ def distill_domains(
     *,
     domains: tuple[str, ...] = DOMAINS,
     checkpoint_path: Path = Path("teacher checkpoint"),
+    exporter: StudentExporter | None = None,
 ) -> dict[str, Any]:
     """Train and evaluate one student per domain; the report by domain.
 
     ``checkpoint_path`` names the teacher's checkpoint in the error of one
-    that carries no model configuration.
+    that carries no model configuration; ``exporter`` writes each trained
+    student's serving artifact (its folder is the report's ``artifact``).
     """
     dim, cap = teacher_embedding_settings(checkpoint_state, checkpoint_path)
     tables = teacher_tables(checkpoint_state) if "share" in cfg.methods else None
@@ -133,6 +136,10 @@ def distill_domains(
                 cfg, train, dim=dim, cap=cap, teacher_tables=tables
             )
             r["eval"] = evaluate_student(student, adapter, evals)
+            if exporter is not None:
+                newest = int(train.times.max())
+                steps = int(r["train"]["steps"])
+                r["artifact"] = str(exporter.write(domain, student, steps, newest))
             report[domain] = r
             bar.advance()
     return report

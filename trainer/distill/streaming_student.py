@@ -5,7 +5,9 @@ messages joined, by example id, with the teacher's rows.
 adapter, optimizers), the teacher rows waiting for their examples
 (:class:`~trainer.distill.teacher_cache.TeacherCache`), the progressive
 calibration per day and the teacher staleness seen, and the run-wide
-counters: everything a checkpoint holds besides the two topics' offsets.
+counters: everything a checkpoint holds besides the two topics' offsets, and the
+student's record (:func:`~trainer.distill.student.student_record`), so
+``python -m trainer.export`` exports a checkpoint as a serving artifact.
 
 The teacher's model code is never imported: dims and shared tables come from
 its checkpoint's tensors (:mod:`trainer.distill.sharing`) and the model
@@ -25,6 +27,7 @@ from trainer.data.kafka_source import Item
 from trainer.distill.run import teacher_embedding_settings
 from trainer.distill.run_config import StudentDaemonConfig
 from trainer.distill.sharing import summary_embedding_dim, teacher_tables
+from trainer.distill.student import student_record
 from trainer.distill.student_data import domain_rows, student_batch
 from trainer.distill.student_trainer import (
     DayCalibration,
@@ -71,6 +74,8 @@ class StreamingStudent:
         )
         tables = teacher_tables(teacher_state) if "share" in cfg.methods else None
         self.shared = apply_sharing(cfg, student, tables)
+        # What python -m trainer.export needs to rebuild the student.
+        self.record = student_record(student.config, config.domain, teacher_path)
         self.trainer = StudentTrainer(cfg, student, self.domain_index)
         self.cache = TeacherCache(embedding_dim, config.max_cached_rows)
         self.calibration, self.seen = DayCalibration(), TeacherSeen()
@@ -127,6 +132,7 @@ class StreamingStudent:
             "teacher_seen": self.seen.state_dict(),
             "domain": self.config.domain,
             "methods": list(self.config.distill.methods),
+            **self.record,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

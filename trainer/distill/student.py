@@ -26,7 +26,8 @@ summary embedding, layer-normed, joins the counters as dense input.
 from __future__ import annotations
 
 import dataclasses
-from typing import NamedTuple
+from pathlib import Path
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -135,3 +136,39 @@ class VerticalStudent(nn.Module):
         return StudentOutputs(
             self.serving(h), self.distill(scaled), self.adapter(scaled)
         )
+
+
+def student_record(config: StudentConfig, domain: str, teacher: Path) -> dict[str, Any]:
+    """The checkpoint keys that describe a student: ``student_config`` (its
+    sizes, as plain data), ``student_domain`` and ``student_teacher`` (the
+    teacher checkpoint file whose embedding it reads, and whose program is
+    exported beside it)."""
+    return {
+        "student_config": student_config_dict(config),
+        "student_domain": domain,
+        "student_teacher": str(teacher.resolve()),
+    }
+
+
+def student_config_dict(config: StudentConfig) -> dict[str, Any]:
+    """A student's configuration as plain data (tuples as lists)."""
+    return {
+        k: list(v) if isinstance(v, tuple) else v
+        for k, v in dataclasses.asdict(config).items()
+    }
+
+
+def student_from_record(state: dict[str, Any]) -> tuple[StudentConfig, str, Path]:
+    """(config, domain, teacher checkpoint) of a checkpoint's student record.
+
+    Raises:
+        KeyError: the checkpoint carries no student record.
+    """
+    raw = dict(state["student_config"])
+    config = StudentConfig(
+        **{
+            k: tuple(v) if k in ("dense_arch", "over_arch") else v
+            for k, v in raw.items()
+        }
+    )
+    return config, str(state["student_domain"]), Path(state["student_teacher"])

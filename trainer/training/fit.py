@@ -137,6 +137,7 @@ def fit(
     validation_data: ExampleDataset | None = None,
     predictions_out: dict[str, np.ndarray] | None = None,
     save_dir: Path | None = None,
+    artifacts_dir: Path | None = None,
 ) -> dict[str, Any]:
     """Train, evaluate, return the metrics report (what ``--metrics-out`` holds).
 
@@ -145,7 +146,8 @@ def fit(
     ``predictions_out`` receives the eval predictions (see
     :func:`~trainer.training.evaluation.evaluate_dataset`); ``save_dir``
     receives the evaluated model as a checkpoint (:func:`save_fitted`), whose
-    path the report names.
+    path the report names, and ``artifacts_dir`` its serving artifact
+    (:func:`trainer.export.writers.write_fitted`).
     """
     device, autocast = _start_torch(cfg)
     config = resolved_model_config(cfg, base_config)
@@ -188,17 +190,12 @@ def fit(
         metrics = evaluate_dataset(
             trainer.model, evals, predictions_out=predictions_out
         )
-    saved = None
-    if save_dir is not None:
-        saved = save_fitted(
-            save_dir,
-            trainer,
-            cfg,
-            config,
-            trained_until_ms=int(event_time_ms(train.examples).max(initial=0)),
-        )
+    saved, exported = write_outputs(
+        save_dir, artifacts_dir, trainer, cfg, config, train, shifts
+    )
     report = {
         "checkpoint": saved,
+        "artifact": exported,
         "config": {
             "fit": dataclasses.asdict(cfg),
             "model": dataclasses.asdict(config),
@@ -348,6 +345,67 @@ def save_fitted(
         keep=1,
     )
     print(f"saved the model to {path}", file=sys.stderr)
+    return str(path)
+
+
+def write_outputs(
+    save_dir: Path | None,
+    artifacts_dir: Path | None,
+    trainer: FitTrainer,
+    cfg: FitConfig,
+    config: ModelConfig,
+    train: ExampleDataset,
+    shifts: dict[str, float] | None,
+) -> tuple[str | None, str | None]:
+    """The checkpoint and the serving artifact, each where asked; their paths."""
+    saved = exported = None
+    trained_until_ms = int(event_time_ms(train.examples).max(initial=0))
+    if save_dir is not None:
+        saved = save_fitted(
+            save_dir, trainer, cfg, config, trained_until_ms=trained_until_ms
+        )
+    if artifacts_dir is not None:
+        exported = export_fitted(
+            artifacts_dir,
+            trainer,
+            cfg,
+            config,
+            trained_until_ms=trained_until_ms,
+            calibration={"method": "recalibrated", "shifts": shifts}
+            if shifts is not None
+            else {"method": "as trained"},
+            checkpoint=saved,
+        )
+    return saved, exported
+
+
+def export_fitted(
+    artifacts: Path,
+    trainer: FitTrainer,
+    cfg: FitConfig,
+    config: ModelConfig,
+    *,
+    trained_until_ms: int,
+    calibration: dict[str, Any],
+    checkpoint: str | None,
+) -> str:
+    """Write the evaluated model's serving artifact; returns its folder."""
+    from trainer.export.writers import write_fitted
+
+    trainer.eager.eval()
+    path = write_fitted(
+        artifacts,
+        trainer.eager,
+        model_config=json_safe(model_record(cfg.model, cfg.preset, config)),
+        max_seq_len=config.embedding.max_seq_len,
+        trained_to={
+            "step": trainer.steps,
+            "trained_until_ms": trained_until_ms,
+            "offsets": {},
+        },
+        calibration=json_safe(calibration),
+        source={"command": "trainer.fit", "checkpoint": checkpoint},
+    )
     return str(path)
 
 

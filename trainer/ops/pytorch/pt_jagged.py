@@ -33,7 +33,7 @@ def check_size(n: int) -> None:
 def _total(offsets: torch.Tensor) -> int:
     """``offsets[-1]`` as a size: a host sync in eager mode, an unbacked
     SymInt under ``torch.compile`` (needs ``capture_scalar_outputs``)."""
-    total = int(offsets[-1].item())
+    total = offsets[-1].item()
     check_size(total)
     return total
 
