@@ -78,7 +78,9 @@ def third_party_imports(*folders: str) -> set[str]:
             for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
                 if isinstance(node, ast.Import):
                     names.update(alias.name.split(".")[0] for alias in node.names)
-                elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                elif (
+                    isinstance(node, ast.ImportFrom) and node.module and not node.level
+                ):
                     names.add(node.module.split(".")[0])
     return names - set(sys.stdlib_module_names) - FIRST_PARTY - REPO_MODULES
 
