@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import ast
 import importlib.metadata
+import os
+import shutil
+import subprocess
 import sys
 import tomllib
+import zipfile
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -143,3 +147,37 @@ def test_the_trainer_s_extra_has_what_it_imports() -> None:
     }
     assert not missing, missing
     assert "apache-beam" not in trainer
+
+
+def test_a_built_wheel_carries_the_feature_repository(tmp_path: Path) -> None:
+    """Built without a network (this environment's setuptools) and imported
+    from outside any checkout: the job finds the packaged repository."""
+    source = tmp_path / "source"
+    shutil.copytree(
+        ROOT,
+        source,
+        ignore=shutil.ignore_patterns(
+            ".*", "tests", "benchmarks", "docs", "data", "__pycache__", "*.egg-info"
+        ),
+    )
+    wheels = tmp_path / "wheels"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+         "--quiet", str(source), "-w", str(wheels)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    (wheel,) = wheels.glob("*.whl")
+    installed = tmp_path / "site"
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+        archive.extractall(installed)
+    assert {"feature_repo/feature_store.yaml", "feature_repo/feature_store.prod.yaml",
+            "feature_repo/sources.py"} <= names  # fmt: skip
+    assert not {name for name in names if name.startswith("feature_repo/data")}
+    found = subprocess.run(
+        [sys.executable, "-c",
+         "from pipelines.feast.ops import feature_repo; print(feature_repo())"],
+        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(installed)},
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert found.stdout.strip() == str(installed / "feature_repo")
