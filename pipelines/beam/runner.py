@@ -195,3 +195,24 @@ def check_runner_options(options: PipelineOptions) -> None:
             f"unrecognized arguments: --{option}: neither Beam nor {where} "
             f"knows it{hint}"
         )
+
+
+def job_distributions_and_gauges(result: Any, namespace: str) -> dict[str, Any]:
+    """The finished job's Beam gauges (their latest value) and
+    distributions (count, min, max, mean) in ``namespace``, by name."""
+    query = result.metrics().query(MetricsFilter().with_namespace(namespace))
+    found: dict[str, Any] = {}
+    for gauge in query["gauges"]:
+        value = gauge.committed if gauge.committed is not None else gauge.attempted
+        if value is not None and value.value is not None:
+            found[gauge.key.metric.name] = value.value
+    for distribution in query["distributions"]:
+        value = distribution.committed or distribution.attempted
+        if value is not None and value.count:
+            found[distribution.key.metric.name] = {
+                "count": value.count,
+                "min": value.min,
+                "max": value.max,
+                "mean": value.mean,
+            }
+    return found

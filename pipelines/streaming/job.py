@@ -45,6 +45,7 @@ from pipelines.beam.options import GemBuildOptions, kafka_settings
 from pipelines.beam.prometheus import serve_job_metrics
 from pipelines.beam.runner import (
     job_counters,
+    job_distributions_and_gauges,
     prism_location,
     runner_name,
     use_local_prism,
@@ -151,6 +152,7 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
         "runner": runner_name(options),
         "prism": prism_location(options),
         "counts": job_counters(result, METRICS_NAMESPACE),
+        "metrics": job_distributions_and_gauges(result, METRICS_NAMESPACE),
         "seconds": round(time.monotonic() - started, 3),
         "examples_topic": job.build.examples_topic,
         "dead_letter_topic": job.dead_topic,
