@@ -143,8 +143,16 @@ class RunnerOptionError(CommandError):
 def passed_through(options: PipelineOptions) -> list[str]:
     """The flags given that no Beam or job options class knows: what
     :func:`pipelines.beam.beam_flags.runner_options` handed on."""
+    from apache_beam.options.pipeline_options import _BeamArgumentParser
+
+    # Beam's own parse of the known options would warn of the others.
+    parser = _BeamArgumentParser(allow_abbrev=False)
+    classes = {str(cls): cls for cls in PipelineOptions.__subclasses__()}
+    for cls in classes.values():
+        cls._add_argparse_args(parser)
+    known = {action.dest for action in parser._actions}
     everything = options.get_all_options(retain_unknown_options=True)
-    return sorted(set(everything) - set(options.get_all_options()))
+    return sorted(set(everything) - known)
 
 
 def described_options(job_endpoint: str) -> set[str]:
