@@ -44,12 +44,12 @@ def fresh_clone(root: Path) -> Path:
     declarations and the yamls, ``data/`` holding only its ``.gitignore``."""
     repo = root / "feature_repo"
     shutil.copytree(
-        feast_ops.FEATURE_REPO,
+        feast_ops.feature_repo(),
         repo,
         ignore=shutil.ignore_patterns("__pycache__", "data"),
     )
     (repo / "data").mkdir()
-    shutil.copy(feast_ops.FEATURE_REPO / "data" / ".gitignore", repo / "data")
+    shutil.copy(feast_ops.feature_repo() / "data" / ".gitignore", repo / "data")
     return repo
 
 
