@@ -30,6 +30,7 @@ tells a restore from a fresh start.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -161,12 +162,15 @@ def test_a_restart_from_a_retained_checkpoint_loses_nothing_and_repeats_nothing(
     checkpoints = tmp_path / "checkpoints"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
 
-    with FlinkJobServer(log_path=tmp_path / "flink.log") as server:
+    with (
+        FlinkJobServer(log_path=tmp_path / "flink.log") as server,
+        contextlib.ExitStack() as logs,
+    ):
         first = subprocess.Popen(
             _command(kafka_settings, server, data, tmp_path / "out1", topics,
                      checkpoints, bounded=False),
-            cwd=ROOT, env=env, stdout=(tmp_path / "job1.log").open("w"),
-            stderr=subprocess.STDOUT, start_new_session=True,
+            cwd=ROOT, env=env, stderr=subprocess.STDOUT, start_new_session=True,
+            stdout=logs.enter_context((tmp_path / "job1.log").open("w")),
         )  # fmt: skip
         try:
             deadline = time.monotonic() + DEADLINE_S
@@ -192,8 +196,8 @@ def test_a_restart_from_a_retained_checkpoint_loses_nothing_and_repeats_nothing(
                      checkpoints, "--flink_conf_dir="
                      f"{_restoring_from(restored, tmp_path / 'restore')}",
                      bounded=True),
-            cwd=ROOT, env=env, stdout=(tmp_path / "job2.log").open("w"),
-            stderr=subprocess.STDOUT, start_new_session=True,
+            cwd=ROOT, env=env, stderr=subprocess.STDOUT, start_new_session=True,
+            stdout=logs.enter_context((tmp_path / "job2.log").open("w")),
         )  # fmt: skip
         try:
             deadline = time.monotonic() + DEADLINE_S
