@@ -32,7 +32,7 @@ from features.cli import (
     run_command,
 )
 from features.config_flags import config_fields
-from pipelines.beam.beam_flags import add_beam_arguments
+from pipelines.beam.beam_flags import add_beam_arguments, runner_options, without
 from pipelines.beam.flags import BuildConfig, add_build_arguments
 from pipelines.streaming.flags import add_streaming_arguments
 
@@ -70,11 +70,16 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
     drop_library_lines()  # also for callers that skip run_command
     from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
+    from pipelines.beam.runner import check_runner_options, prepare_runner
+    from pipelines.streaming.job import run as run_streaming
+
     flags = list(sys.argv[1:] if argv is None else argv)
     options = PipelineOptions(flags)
-    if options.view_as(StandardOptions).streaming:
-        from pipelines.streaming.job import run as run_streaming
-
+    streaming = options.view_as(StandardOptions).streaming
+    if not streaming:
+        prepare_runner(options)
+    check_runner_options(options)  # every job options class is loaded by now
+    if streaming:
         return run_streaming(flags)
     from pipelines.batch.job import run_batch
 
@@ -139,9 +144,17 @@ def _build(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """CLI entry point: check every flag, run, print the counts."""
+    """CLI entry point: check every flag, run, print the counts.
+
+    A flag in Beam's spelling that neither the job nor Beam's Python options
+    know is the runner's own (Flink's ``--checkpointing_interval``): it goes
+    to Beam as given, and the runner is asked about it when the job starts
+    (:func:`pipelines.beam.runner.check_runner_options`).
+    """
     flags = list(sys.argv[1:] if argv is None else argv)
-    return run_command(build_parser(), lambda args: _build(args, flags), flags)
+    parser = build_parser()
+    passed = runner_options(flags, parser.known_flags())
+    return run_command(parser, lambda args: _build(args, flags), without(flags, passed))
 
 
 if __name__ == "__main__":

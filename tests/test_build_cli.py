@@ -86,6 +86,39 @@ def test_a_misspelled_flag_of_the_job_or_beam_is_refused(
     assert not (tmp_path / "summary.json").exists()
 
 
+def test_a_runner_s_own_options_reach_beam() -> None:
+    """Flink's options are its job server's, in no table of Beam's Python
+    options: handed on as given, while near misses of known flags are not."""
+    argv = ["--checkpointing_interval=5000", "--savepoint_path", "/s",
+            "--shards", "2", "--direct_num_worker", "3", "--checkpointing_mode",
+            "EXACTLY_ONCE", "--parallelism=2", "--worker-thread", "1"]  # fmt: skip
+    passed = beam_flags.runner_options(argv, build_parser().known_flags())
+    assert passed == ["--checkpointing_interval=5000", "--savepoint_path", "/s",
+                      "--checkpointing_mode", "EXACTLY_ONCE"]  # fmt: skip
+    assert beam_flags.without(argv, passed) == [
+        "--shards", "2", "--direct_num_worker", "3", "--parallelism=2",
+        "--worker-thread", "1"]  # fmt: skip
+    options = PipelineOptions(beam_argv(argv))
+    assert (
+        options.get_all_options(retain_unknown_options=True)["checkpointing_interval"]
+        == "5000"
+    )
+
+
+def test_a_runner_option_passes_the_command_and_the_runner_judges_it(
+    dataset: Path, tmp_path: Path
+) -> None:
+    # The command takes it: what fails is the missing input, not the flag.
+    line = _one_line_error(_build("--checkpointing_interval=5000", "--output", "o"))
+    assert "--input is required" in line
+    # A runner with no options of its own refuses it before the job starts.
+    done = _build("--checkpointing_interval=5000", "--input", str(dataset),
+                  "--output", str(tmp_path / "out"))  # fmt: skip
+    line = _one_line_error(done)
+    assert "--checkpointing_interval: neither Beam nor --runner=FnApiRunner" in line
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_missing_input_is_one_line_naming_it(tmp_path: Path) -> None:
     line = _one_line_error(_build("--output", str(tmp_path / "o")))
     assert "--input is required" in line

@@ -31,6 +31,7 @@ KAFKA_FLAGS: set[str] = {
     "--kafka-option",
     "--kafka-sasl-mechanism",
     "--kafka-sasl-password",
+    "--kafka-sasl-password-file",
     "--kafka-sasl-username",
     "--kafka-security-protocol",
     "--kafka-ssl-cafile",
@@ -66,6 +67,8 @@ COMMANDS: dict[str, set[str]] = {
         "--feast-state-dir",
         "--feast-project",
         "--freshness-jsonl",
+        "--feature-repo",
+        "--metrics-port",
     }
     | KAFKA_FLAGS,
     "pipelines.generate": {

@@ -44,12 +44,12 @@ def fresh_clone(root: Path) -> Path:
     declarations and the yamls, ``data/`` holding only its ``.gitignore``."""
     repo = root / "feature_repo"
     shutil.copytree(
-        feast_ops.FEATURE_REPO,
+        feast_ops.feature_repo(),
         repo,
         ignore=shutil.ignore_patterns("__pycache__", "data"),
     )
     (repo / "data").mkdir()
-    shutil.copy(feast_ops.FEATURE_REPO / "data" / ".gitignore", repo / "data")
+    shutil.copy(feast_ops.feature_repo() / "data" / ".gitignore", repo / "data")
     return repo
 
 
@@ -168,6 +168,7 @@ def test_an_unreachable_registry_database_is_one_line(tmp_path: Path) -> None:
         **{
             feast_ops.ENV_VAR: "prod",
             feast_ops.REGISTRY_URL_VAR: "postgresql+psycopg://gem:secret@127.0.0.1:1/x",
+            feast_ops.REDIS_VAR: "127.0.0.1:1",
         }
     )
     done = run_feast_ops("apply", env=env)
@@ -204,3 +205,9 @@ def test_an_unreachable_redis_is_one_line(tmp_path: Path) -> None:
     line = one_line_error(done)
     assert "no Redis answers at 127.0.0.1:1" in line
     assert "$GEM_FEAST_REDIS" in line
+
+
+def test_prod_without_an_endpoint_is_one_line(tmp_path: Path) -> None:
+    env = clean_env(**{feast_ops.ENV_VAR: "prod"})
+    line = one_line_error(run_feast_ops("materialize", env=env))
+    assert "the prod Feast configuration needs $GEM_FEAST_REGISTRY_URL" in line

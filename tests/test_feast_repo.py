@@ -173,15 +173,26 @@ def test_one_env_var_switches_the_configuration(
         feast_ops.config_file()
 
 
-def test_prod_endpoints_come_from_the_environment_with_documented_defaults(
+def test_prod_endpoints_come_from_the_environment_and_none_defaults(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.delenv(feast_ops.REDIS_VAR, raising=False)
-    monkeypatch.delenv(feast_ops.REGISTRY_URL_VAR, raising=False)
-    defaults = feast_ops.repo_config("prod")
-    assert defaults.online_store.connection_string == "127.0.0.1:6379"
-    assert defaults.registry.path == "postgresql+psycopg://root@127.0.0.1:5432/root"
-    assert "127.0.0.1:6379" in (REPO / "README.md").read_text()
+    monkeypatch.setenv(feast_ops.REGISTRY_URL_VAR, "postgresql+psycopg://f@pg:5432/f")
+    # No loopback fallback: a worker without the variable would write there.
+    with pytest.raises(feast_ops.MissingEndpointError) as missing:
+        feast_ops.repo_config("prod")
+    assert str(missing.value) == (
+        "the prod Feast configuration needs $GEM_FEAST_REDIS (the Redis online "
+        "store, host:port[,db=N,password=...]); export it where the job and its "
+        "workers run"
+    )
+    monkeypatch.setenv(feast_ops.REDIS_VAR, "")
+    with pytest.raises(feast_ops.MissingEndpointError, match="GEM_FEAST_REDIS"):
+        feast_ops.repo_config("prod")
+    monkeypatch.delenv(feast_ops.REGISTRY_URL_VAR)
+    with pytest.raises(feast_ops.MissingEndpointError, match="GEM_FEAST_REGISTRY"):
+        feast_ops.repo_config("prod", redis="h:1")
+    feast_ops.repo_config("local")  # the embedded one has no endpoints
 
     monkeypatch.setenv(feast_ops.REDIS_VAR, "redis.internal:6380,db=2")
     monkeypatch.setenv(feast_ops.REGISTRY_URL_VAR, "postgresql+psycopg://f@pg:5432/f")
@@ -192,6 +203,25 @@ def test_prod_endpoints_come_from_the_environment_with_documented_defaults(
     given = feast_ops.repo_config("prod", redis="h:1", registry_url="sqlite:///r.db")
     assert given.online_store.connection_string == "h:1"
     assert given.registry.path == "sqlite:///r.db"
+
+
+def test_the_repository_is_found_by_variable_or_as_installed(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.delenv(feast_ops.FEATURE_REPO_VAR, raising=False)
+    assert feast_ops.feature_repo() == REPO
+    copy = tmp_path / "repo"
+    copy.mkdir()
+    for name in feast_ops.CONFIG_FILES.values():
+        (copy / name).write_text((REPO / name).read_text().replace("gem_ads", "moved"))
+    monkeypatch.setenv(feast_ops.FEATURE_REPO_VAR, str(copy))
+    assert feast_ops.config_file("local") == copy / "feature_store.yaml"
+    config = feast_ops.repo_config("local", state_dir=tmp_path / "state")
+    assert config.project == "moved"
+    assert Path(config.repo_path) == copy
+    assert feast_ops.feature_repo(REPO) == REPO  # the flag wins
+    with pytest.raises(FileNotFoundError, match="no feature repository"):
+        feast_ops.feature_repo(tmp_path)
 
 
 def test_variables_expand_as_feasts_cli_expands_them() -> None:

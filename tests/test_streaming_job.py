@@ -269,6 +269,12 @@ def test_pushed_counters_and_sequences_are_online(run: StreamRun) -> None:
         items = timeline.column("seq_item_id")[0].values.to_pylist()
         assert list(online["seq_item_id"][row]) == items[-64:]
     assert run.summary["counts"]["feast_rows_pushed"] > 0
+    # Event-to-online freshness, as the runner reports the Beam metrics.
+    ages = run.summary["distributions"]["event_to_online_ms"]
+    gauges = run.summary["gauges"]
+    assert ages["count"] > 0
+    assert 0 <= gauges["event_to_online_p50_ms"] <= gauges["event_to_online_p99_ms"]
+    assert gauges["event_to_online_p99_ms"] <= ages["max"]
 
 
 def test_streaming_needs_its_topics(tmp_path: Path) -> None:

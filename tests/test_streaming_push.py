@@ -10,6 +10,7 @@ and on the production-like Redis store (``make test`` starts Redis).
 
 from __future__ import annotations
 
+import time
 import uuid
 from pathlib import Path
 
@@ -21,8 +22,10 @@ from feast import FeatureStore
 
 from benchmarks.bench_feast import REDIS
 from features.feature_tables import EVENT_TIMESTAMP, FEATURE_TABLES, read_feature_table
+from pipelines.beam import prometheus
 from pipelines.feast import ops as feast_ops
 from pipelines.streaming.feast_push import (
+    PushTarget,
     PushToFeastFn,
     check_push_target,
     newest_per_entity,
@@ -98,7 +101,7 @@ def test_the_push_stage_writes_what_store_push_writes(
     try:
         for store in (by_push, by_stage):
             feast_ops.apply(store, job.directory)
-        stage = PushToFeastFn(env, str(tmp_path), projects[1])
+        stage = PushToFeastFn(PushTarget(env, str(tmp_path), projects[1]))
         stage.setup()
         for table in PUSHED:
             for piece in bundle(job, table):
@@ -147,3 +150,28 @@ def test_of_rows_at_one_event_time_the_last_is_pushed() -> None:
     newest = newest_per_entity(rows)
     assert newest.column("user_id").to_pylist() == [7, 8]
     assert newest.column("user_impression_count_7d").to_pylist() == [23.0, 1.0]
+
+
+def test_freshness_percentiles_reach_the_job_s_prometheus_registry(
+    job: FeatureJob, tmp_path: Path
+) -> None:
+    project = f"t_{uuid.uuid4().hex[:10]}"
+    store = _store("local", tmp_path, project)
+    feast_ops.apply(store, job.directory)
+    stage = PushToFeastFn(PushTarget("local", str(tmp_path), project))
+    stage.setup()
+    piece = bundle(job, "user_counters")[0]
+    # Events published 1 s and 3 s before the write: ages of about that.
+    now_ms = int(time.time() * 1000)
+    ages = np.where(np.arange(piece.num_rows) % 2 == 0, 1000, 3000)
+    published = (now_ms - ages).astype(np.int64).tobytes()
+    list(stage.process(("user_counters", state_bytes(piece), published)))
+    stage.finish_bundle()
+    sample = prometheus.REGISTRY.get_sample_value
+    p50 = sample("gem_stream_event_to_online_p50_seconds")
+    p99 = sample("gem_stream_event_to_online_p99_seconds")
+    assert p50 is not None
+    assert p99 is not None
+    assert 1.0 <= p50 <= p99 < 3.0 + 60  # the write's own time on top
+    assert p99 >= 3.0
+    assert sample("gem_stream_event_to_online_seconds_count") >= piece.num_rows

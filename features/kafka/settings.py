@@ -18,7 +18,13 @@ The flags, as Kafka users write client settings:
   ``--kafka-ssl-*``: the connection and security settings by flag.
 
 Later wins: the file, then ``--kafka-option``, then the other ``--kafka-*``
-flags (and ``KAFKA_SASL_PASSWORD`` for ``--kafka-sasl-password``). Each client
+flags (and ``KAFKA_SASL_PASSWORD`` for ``--kafka-sasl-password``).
+
+The settings never hold a password, only where it is
+(:class:`~features.kafka.secrets.Secret`: ``$KAFKA_SASL_PASSWORD``,
+``--kafka-sasl-password-file``, the ``--kafka-config`` file), read when a
+client is made: a Beam job's graph, which pickles the settings into its
+DoFns, carries no secret, and each worker reads it at ``setup()``. Each client
 kind gets the properties it has (``session.timeout.ms`` reaches consumers
 only); a property no client knows is an error naming the closest known one
 (:mod:`features.kafka.client_properties` has the mapping). SASL works with
@@ -44,13 +50,18 @@ from typing import Any, Final
 
 from features.cli import CommandError
 from features.kafka import client_fixes, client_properties
+from features.kafka.secrets import (
+    PASSWORD_ENV,
+    SSL_PASSWORD_ENV,
+    Secret,
+    file_secrets,
+    flag_secret,
+)
 
 SECURITY_PROTOCOLS: Final = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 # The mechanisms kafka-python completes with a username and a password; the
 # others need objects (OAUTHBEARER's token provider) or Kerberos.
 SASL_MECHANISMS: Final = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
-PASSWORD_ENV: Final = "KAFKA_SASL_PASSWORD"
-SSL_PASSWORD_ENV: Final = "KAFKA_SSL_KEY_PASSWORD"
 
 # Consumer-group timing (see the module docstring).
 GROUP_SESSION_TIMEOUT_MS: Final = 6000
@@ -116,13 +127,15 @@ class KafkaSettings:
         sasl_mechanism: one of :data:`SASL_MECHANISMS`, when the protocol is
             SASL_*.
         sasl_username: SASL user.
-        sasl_password: SASL password (``--kafka-sasl-password``, the
-            ``KAFKA_SASL_PASSWORD`` environment variable, which keeps it out of
-            the process list, or ``sasl.jaas.config``).
+        sasl_password: where the SASL password is (``--kafka-sasl-password``,
+            ``--kafka-sasl-password-file``, the ``KAFKA_SASL_PASSWORD``
+            environment variable, which keeps it out of the process list, or
+            ``sasl.jaas.config``).
         ssl_cafile: CA bundle (PEM) to verify the brokers.
         ssl_certfile: client certificate (PEM, mutual TLS).
         ssl_keyfile: client key (PEM, mutual TLS).
-        ssl_password: password of the client key (``ssl.key.password``).
+        ssl_password: where the client key's password is (``ssl.key.password``,
+            ``KAFKA_SSL_KEY_PASSWORD``).
         properties: further client properties by Kafka name, as written
             (``{"request.timeout.ms": "60000"}``); each client kind gets the
             ones it has.
@@ -138,11 +151,12 @@ class KafkaSettings:
     security_protocol: str = "PLAINTEXT"
     sasl_mechanism: str | None = None
     sasl_username: str | None = None
-    sasl_password: str | None = field(default=None, repr=False)
+    # Compared by the rest: one password may be read from different places.
+    sasl_password: Secret | None = field(default=None, repr=False, compare=False)
     ssl_cafile: str | None = None
     ssl_certfile: str | None = None
     ssl_keyfile: str | None = None
-    ssl_password: str | None = field(default=None, repr=False)
+    ssl_password: Secret | None = field(default=None, repr=False, compare=False)
     properties: Mapping[str, str] = field(default_factory=dict)
     session_timeout_ms: int = GROUP_SESSION_TIMEOUT_MS
     heartbeat_interval_ms: int = GROUP_HEARTBEAT_INTERVAL_MS
@@ -268,11 +282,11 @@ class KafkaSettings:
         optional = {
             "sasl_mechanism": self.sasl_mechanism,
             "sasl_plain_username": self.sasl_username,
-            "sasl_plain_password": self.sasl_password,
+            "sasl_plain_password": _read(self.sasl_password),
             "ssl_cafile": self.ssl_cafile,
             "ssl_certfile": self.ssl_certfile,
             "ssl_keyfile": self.ssl_keyfile,
-            "ssl_password": self.ssl_password,
+            "ssl_password": _read(self.ssl_password),
         }
         config.update({k: v for k, v in optional.items() if v is not None})
         return config
@@ -315,12 +329,27 @@ class KafkaSettings:
 
     def child_env(self) -> dict[str, str]:
         """Environment for a child process given :meth:`to_args` (the passwords)."""
-        env = dict(os.environ)
-        if self.sasl_password is not None:
-            env[PASSWORD_ENV] = self.sasl_password
-        if self.ssl_password is not None:
-            env[SSL_PASSWORD_ENV] = self.ssl_password
-        return env
+        return {**os.environ, **self._password_env()}
+
+    def export_secrets(self) -> None:
+        """Put the passwords given on the command line into this process's
+        environment, where the settings' pickled copies read them: a local
+        runner's workers in this process, as a remote worker reads its own
+        environment."""
+        os.environ.update(
+            {
+                secret.env: secret.value
+                for secret in (self.sasl_password, self.ssl_password)
+                if secret is not None and secret.env and secret.value is not None
+            }
+        )
+
+    def _password_env(self) -> dict[str, str]:
+        found = {
+            PASSWORD_ENV: _read(self.sasl_password),
+            SSL_PASSWORD_ENV: _read(self.ssl_password),
+        }
+        return {name: value for name, value in found.items() if value is not None}
 
     @classmethod
     def from_properties(
@@ -346,6 +375,7 @@ class KafkaSettings:
         try:
             properties: dict[str, str] = {}
             config_file = getattr(args, "kafka_config", None)
+            from_file: dict[str, str] = {}
             if config_file:
                 from_file = client_properties.read_properties_file(Path(config_file))
                 _check_names(from_file, f"--kafka-config {config_file}")
@@ -354,22 +384,29 @@ class KafkaSettings:
             _check_names(options, "--kafka-option")
             properties.update(options)
             fields = _fields_from_properties(properties)
+            if config_file:
+                fields.update(file_secrets(fields, config_file, from_file, options))
             explicit = {
                 "bootstrap": getattr(args, "kafka_bootstrap", None),
                 "security_protocol": getattr(args, "kafka_security_protocol", None),
                 "sasl_mechanism": getattr(args, "kafka_sasl_mechanism", None),
                 "sasl_username": getattr(args, "kafka_sasl_username", None),
-                "sasl_password": getattr(args, "kafka_sasl_password", None)
-                or os.environ.get(PASSWORD_ENV),
+                "sasl_password": flag_secret(args),
                 "ssl_cafile": getattr(args, "kafka_ssl_cafile", None),
                 "ssl_certfile": getattr(args, "kafka_ssl_certfile", None),
                 "ssl_keyfile": getattr(args, "kafka_ssl_keyfile", None),
-                "ssl_password": os.environ.get(SSL_PASSWORD_ENV),
+                "ssl_password": Secret(env=SSL_PASSWORD_ENV)
+                if SSL_PASSWORD_ENV in os.environ
+                else None,
             }
             fields.update({k: v for k, v in explicit.items() if v is not None})
             return cls(**fields)
         except ValueError as error:
             raise CommandError(str(error)) from error
+
+
+def _read(secret: Secret | None) -> str | None:
+    return None if secret is None else secret.read()
 
 
 def _check_mechanism(mechanism: str) -> None:
@@ -422,6 +459,12 @@ def _fields_from_properties(properties: Mapping[str, str]) -> dict[str, Any]:
     for name, field_name in _FIELD_PROPERTIES.items():
         if name in rest:
             fields[field_name] = rest.pop(name).strip()
+    for field_name, env in (
+        ("sasl_password", PASSWORD_ENV),
+        ("ssl_password", SSL_PASSWORD_ENV),
+    ):
+        if field_name in fields:
+            fields[field_name] = Secret(env=env, value=fields[field_name])
     for name, field_name in _FIELD_INTEGER_PROPERTIES.items():
         if name in rest:
             fields[field_name] = client_properties.parse_value(
@@ -437,7 +480,7 @@ def _fields_from_properties(properties: Mapping[str, str]) -> dict[str, Any]:
                 f"not sasl.mechanism={mechanism}"
             )
         fields["sasl_username"] = username
-        fields["sasl_password"] = password
+        fields["sasl_password"] = Secret(env=PASSWORD_ENV, value=password)
     for store, field_name in (
         ("truststore", "ssl_cafile"),
         ("keystore", "ssl_certfile"),
@@ -510,6 +553,12 @@ def add_kafka_arguments(parser: argparse.ArgumentParser) -> None:
         "--kafka-sasl-password",
         metavar="PASSWORD",
         help=f"SASL password; prefer the {PASSWORD_ENV} environment variable",
+    )
+    group.add_argument(
+        "--kafka-sasl-password-file",
+        metavar="FILE",
+        help="a file holding only the SASL password, read where each client "
+        "is made (on every worker of a Beam job)",
     )
     group.add_argument(
         "--kafka-ssl-cafile",

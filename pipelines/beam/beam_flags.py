@@ -20,12 +20,15 @@ same argv.
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib.metadata
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final
 
@@ -171,3 +174,53 @@ def add_beam_arguments(
             choices=row["choices"],
             help=text,
         )
+
+
+# A runner's own options (Flink's --checkpointing_interval, --savepoint_path)
+# are described by its job server, not by Beam's Python options, so no table
+# here holds them: a flag in Beam's spelling (lower-case words joined by
+# underscores) that no table knows is handed on to the runner, which checks
+# it (pipelines.beam.runner.check_runner_options). One that is a character
+# or two from a known flag stays an error: it is a typo, not an option.
+_RUNNER_OPTION: Final = re.compile(r"--[a-z][a-z0-9]*(_[a-z0-9]+)+")
+TYPO_SIMILARITY: Final = 0.85
+
+
+def runner_options(argv: Sequence[str], known: Sequence[str]) -> list[str]:
+    """The tokens of ``argv`` that are runner options none of ``known``
+    spells (each flag with its value, ``--name=value`` or ``--name value``)."""
+    passed: list[str] = []
+    tokens = list(argv)
+    index = 0
+    while index < len(tokens):
+        token = tokens[index]
+        index += 1
+        if token == "--":
+            break
+        name, has_value, _ = token.partition("=")
+        if not is_runner_option(name, known):
+            continue
+        passed.append(token)
+        if not has_value and index < len(tokens) and not tokens[index].startswith("-"):
+            passed.append(tokens[index])
+            index += 1
+    return passed
+
+
+def is_runner_option(flag: str, known: Sequence[str]) -> bool:
+    """``flag`` is in Beam's spelling, unknown, and not a near miss of a known one."""
+    if flag in known or not _RUNNER_OPTION.fullmatch(flag):
+        return False
+    return not difflib.get_close_matches(flag, known, n=1, cutoff=TYPO_SIMILARITY)
+
+
+def without(argv: Sequence[str], dropped: Sequence[str]) -> list[str]:
+    """``argv`` less the tokens of ``dropped`` (in order, once each)."""
+    rest = list(dropped)
+    kept = []
+    for token in argv:
+        if rest and token == rest[0]:
+            rest.pop(0)
+            continue
+        kept.append(token)
+    return kept

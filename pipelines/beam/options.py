@@ -26,7 +26,18 @@ class GemBuildOptions(PipelineOptions):  # type: ignore[misc]
 
 
 def kafka_settings(options: GemBuildOptions) -> KafkaSettings:
-    """The Kafka settings the ``--kafka-*`` flags describe."""
+    """The Kafka settings the ``--kafka-*`` flags describe.
+
+    A password given by ``--kafka-sasl-password`` then leaves the options
+    (which Beam sends to the runner with the job) for this process's
+    environment, where this process's own workers read it as remote workers
+    read theirs (:mod:`features.kafka.secrets`). A ``--kafka-option``
+    holding one stays in the options: give passwords to a job by variable
+    or file.
+    """
     view: Any = options.view_as(GemBuildOptions)
     namespace = argparse.Namespace(**view.get_all_options())
-    return KafkaSettings.from_args(namespace)
+    settings = KafkaSettings.from_args(namespace)
+    settings.export_secrets()
+    view.kafka_sasl_password = None
+    return settings

@@ -16,6 +16,7 @@ job faster than Prism (``benchmarks/README.md`` has the figures);
 
 from __future__ import annotations
 
+import difflib
 import logging
 import os
 from pathlib import Path
@@ -24,9 +25,12 @@ from typing import Any, Final
 from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import (
     PipelineOptions,
+    PortableOptions,
     PrismRunnerOptions,
     StandardOptions,
 )
+
+from features.cli import CommandError
 
 log = logging.getLogger(__name__)
 
@@ -157,3 +161,78 @@ def job_gauges(result: Any, namespace: str) -> dict[str, Any]:
         "gauges": {name: value for name, (_, value) in sorted(gauges.items())},
         "distributions": distributions,
     }
+
+
+# Runners that start their own job server from a jar: their options are known
+# only once it runs, and Beam keeps those it then describes.
+_SELF_SERVED_RUNNERS: Final = frozenset({"FlinkRunner", "SparkRunner"})
+DESCRIBE_TIMEOUT_S: Final = 30
+
+
+class RunnerOptionError(CommandError):
+    """A flag neither Beam nor the runner knows (one line, naming it)."""
+
+
+def passed_through(options: PipelineOptions) -> list[str]:
+    """The flags given that no Beam or job options class knows: what
+    :func:`pipelines.beam.beam_flags.runner_options` handed on."""
+    from apache_beam.options.pipeline_options import _BeamArgumentParser
+
+    # Beam's own parse of the known options would warn of the others.
+    parser = _BeamArgumentParser(allow_abbrev=False)
+    classes = {str(cls): cls for cls in PipelineOptions.__subclasses__()}
+    for cls in classes.values():
+        cls._add_argparse_args(parser)
+    known = {action.dest for action in parser._actions}
+    everything = options.get_all_options(retain_unknown_options=True)
+    return sorted(set(everything) - known)
+
+
+def described_options(job_endpoint: str) -> set[str]:
+    """The options a job server describes (``checkpointing_interval``...),
+    the ones Beam sends it beside its own."""
+    import grpc
+    from apache_beam.portability.api import beam_job_api_pb2, beam_job_api_pb2_grpc
+
+    with grpc.insecure_channel(job_endpoint) as channel:
+        stub = beam_job_api_pb2_grpc.JobServiceStub(channel)
+        answer = stub.DescribePipelineOptions(
+            beam_job_api_pb2.DescribePipelineOptionsRequest(),
+            timeout=DESCRIBE_TIMEOUT_S,
+        )
+    return {option.name for option in answer.options}
+
+
+def check_runner_options(options: PipelineOptions) -> None:
+    """Refuse a passed-through flag the runner does not know, before the job
+    starts: Beam would drop it without a word.
+
+    A runner behind ``--job_endpoint`` is asked which options it has; a
+    runner that starts its own job server is left to Beam; any other runner
+    has no options beyond Beam's.
+
+    Raises:
+        RunnerOptionError: the first unknown flag, with the closest the
+            runner knows.
+    """
+    given = passed_through(options)
+    if not given:
+        return
+    name = runner_name(options)
+    if name in _SELF_SERVED_RUNNERS:
+        return
+    endpoint = options.view_as(PortableOptions).job_endpoint
+    known: set[str] = set()
+    where = f"--runner={name}"
+    if endpoint and endpoint != "embed":
+        known = described_options(endpoint)
+        where = f"the job server at {endpoint}"
+    for option in given:
+        if option in known:
+            continue
+        close = difflib.get_close_matches(option, sorted(known), n=1)
+        hint = f" (did you mean --{close[0]}?)" if close else ""
+        raise RunnerOptionError(
+            f"unrecognized arguments: --{option}: neither Beam nor {where} "
+            f"knows it{hint}"
+        )

@@ -25,7 +25,6 @@ from features.cli import CommandError, CommandParser, HelpFormatter, run_command
 from features.config_flags import add_config_flags, config_fields, flag_field
 from pipelines.feast.ops import (
     CONFIG_FILES,
-    ENDPOINT_DEFAULTS,
     ENGINES,
     ENV_VAR,
     REDIS_VAR,
@@ -152,13 +151,13 @@ def _endpoint_error(error: BaseException) -> CommandError | None:
         "ConnectionError",
         "TimeoutError",
     ):
-        where = os.environ.get(REDIS_VAR, ENDPOINT_DEFAULTS[REDIS_VAR])
+        where = os.environ.get(REDIS_VAR, "")
         return CommandError(
             f"no Redis answers at {where.split(',')[0]} ({error})",
             f"check ${REDIS_VAR} and that Redis is up",
         )
     if module.startswith("sqlalchemy") and kind.__name__ == "OperationalError":
-        url = os.environ.get(REGISTRY_URL_VAR, ENDPOINT_DEFAULTS[REGISTRY_URL_VAR])
+        url = os.environ.get(REGISTRY_URL_VAR, "")
         host = url.rpartition("@")[2]  # no user or password in the message
         first = str(getattr(error, "orig", error)).strip().splitlines()[0]
         return CommandError(

@@ -6,9 +6,11 @@ reads); this module is what the demo, the tests, operators and the command
 
 - :func:`repo_config`: the embedded (``local``) or production-like (``prod``)
   configuration, chosen by ``$GEM_FEAST_ENV`` (one switch), read from
-  ``feature_repo/feature_store[.prod].yaml`` as Feast reads it (``${VAR}``
-  expanded), with the endpoints' documented defaults and overrides (state
-  dir, registry URL, Redis, project).
+  ``feature_store[.prod].yaml`` as Feast reads it (``${VAR}`` expanded), with
+  overrides (state dir, registry URL, Redis, project); a prod endpoint that
+  is not set is an error, never a loopback default. The repository is
+  :func:`feature_repo`'s: ``$GEM_FEATURE_REPO`` or a flag, else the one the
+  project installs as package data, so a packaged worker finds it too.
 - :func:`validate_feature_tables`: every feature table's file against the
   contract, before anything is applied or materialized, so a missing column or
   a changed type fails with the view and column named, instead of deep inside
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.util
 import io
 import os
 import re
@@ -39,12 +42,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Literal
 
+from features.cli import CommandError
+
 if TYPE_CHECKING:
     import pyarrow as pa
     from feast import FeatureService, FeatureStore, FeatureView, RepoConfig
 
-REPO_ROOT: Final = Path(__file__).resolve().parents[2]
-FEATURE_REPO: Final = REPO_ROOT / "feature_repo"
+FEATURE_REPO_VAR: Final = "GEM_FEATURE_REPO"
+"""The feature repository's folder, where the packaged one is not wanted."""
 ENV_VAR: Final = "GEM_FEAST_ENV"
 """``local`` (default) or ``prod``: the one switch between configurations."""
 CONFIG_FILES: Final = {"local": "feature_store.yaml", "prod": "feature_store.prod.yaml"}
@@ -54,12 +59,16 @@ REGISTRY_URL_VAR: Final = "GEM_FEAST_REGISTRY_URL"
 REDIS_VAR: Final = "GEM_FEAST_REDIS"
 """The prod Redis connection string, ``host:port[,db=N,password=...]``
 (``${GEM_FEAST_REDIS}`` in ``feature_store.prod.yaml``)."""
-ENDPOINT_DEFAULTS: Final = {
-    REDIS_VAR: "127.0.0.1:6379",
-    REGISTRY_URL_VAR: "postgresql+psycopg://root@127.0.0.1:5432/root",
+PROD_ENDPOINTS: Final = {
+    REGISTRY_URL_VAR: "the SQL registry's SQLAlchemy URL",
+    REDIS_VAR: "the Redis online store, host:port[,db=N,password=...]",
 }
-"""What the prod yaml's variables mean when unset: the loopback services of
-``scripts/services.sh``. Feast's own CLI has no defaults: export them."""
+"""What the prod yaml reads from the environment; none has a default."""
+
+
+class MissingEndpointError(CommandError, ValueError):
+    """The prod configuration without one of its endpoints (one line)."""
+
 
 ENGINE_TYPE: Final = "pipelines.feast.engine.ArrowMaterializationEngine"
 Env = Literal["local", "prod"]
@@ -79,9 +88,49 @@ def feast_env(env: str | None = None) -> Env:
     return chosen  # type: ignore[return-value]
 
 
-def config_file(env: str | None = None) -> Path:
+def feature_repo(folder: str | Path | None = None) -> Path:
+    """The feature repository: ``folder``, else ``$GEM_FEATURE_REPO``, else
+    the ``feature_repo`` the project installs (package data: the checkout's
+    folder in a source tree, a copy in site-packages on a packaged worker).
+
+    Raises:
+        FileNotFoundError: the folder holds no ``feature_store.yaml``.
+    """
+    chosen = folder or os.environ.get(FEATURE_REPO_VAR)
+    if chosen:
+        repo = Path(chosen).resolve()
+    else:
+        spec = importlib.util.find_spec("feature_repo")
+        locations = list(spec.submodule_search_locations or ()) if spec else []
+        repo = Path(locations[0]) if locations else Path("feature_repo").resolve()
+    if not (repo / CONFIG_FILES["local"]).is_file():
+        raise FileNotFoundError(
+            2, f"no feature repository (feature_store.yaml) in {repo}", str(repo)
+        )
+    return repo
+
+
+def config_file(env: str | None = None, repo: str | Path | None = None) -> Path:
     """The ``feature_store*.yaml`` of a configuration (what ``feast -f`` takes)."""
-    return FEATURE_REPO / CONFIG_FILES[feast_env(env)]
+    return feature_repo(repo) / CONFIG_FILES[feast_env(env)]
+
+
+def check_endpoints(env: str | None, values: Mapping[str, str] | None = None) -> None:
+    """The prod configuration's endpoints are all set (in ``values``, by
+    default the environment); a worker never falls back to loopback.
+
+    Raises:
+        MissingEndpointError: naming the first variable missing.
+    """
+    if feast_env(env) != "prod":
+        return
+    given = os.environ if values is None else values
+    for name, what in PROD_ENDPOINTS.items():
+        if not given.get(name):
+            raise MissingEndpointError(
+                f"the prod Feast configuration needs ${name} ({what})",
+                "export it where the job and its workers run",
+            )
 
 
 _VARIABLE = re.compile(r"\$(\w+)|\$\{(\w+)\}")
@@ -107,12 +156,14 @@ def repo_config(
     registry_url: str | None = None,
     redis: str | None = None,
     engine: Engine | None = None,
+    repo: str | Path | None = None,
 ) -> RepoConfig:
     """The Feast configuration of ``env``, from its yaml, with overrides.
 
     The yaml is read the way Feast's CLI reads it (variables expanded, then
-    ``RepoConfig``), so the file stays the one source of each setting; the
-    prod endpoints' variables default to :data:`ENDPOINT_DEFAULTS`.
+    ``RepoConfig``), so the file stays the one source of each setting; a
+    prod endpoint neither given nor in the environment is an error
+    (:func:`check_endpoints`).
 
     Args:
         env: ``local`` or ``prod`` (default: ``$GEM_FEAST_ENV``, else local).
@@ -121,24 +172,29 @@ def repo_config(
         project: Feast project (tests use a unique one each; it also
             namespaces every Redis key and SQLite table).
         registry_url: prod only: SQLAlchemy URL of the SQL registry (default:
-            ``$GEM_FEAST_REGISTRY_URL``, else :data:`ENDPOINT_DEFAULTS`).
-        redis: prod only: Redis connection string (default: ``$GEM_FEAST_REDIS``,
-            else :data:`ENDPOINT_DEFAULTS`).
+            ``$GEM_FEAST_REGISTRY_URL``).
+        redis: prod only: Redis connection string (default: ``$GEM_FEAST_REDIS``).
         engine: the batch (materialization) engine: ``arrow`` (the yaml's,
             :mod:`pipelines.feast.engine`) or ``feast`` (Feast's stock local
             engine, to compare against).
+        repo: the feature repository (default: :func:`feature_repo`'s).
+
+    Raises:
+        MissingEndpointError: prod without an endpoint.
     """
     import yaml
     from feast import RepoConfig
 
     chosen = feast_env(env)
-    values = {**ENDPOINT_DEFAULTS, **os.environ}
+    values = dict(os.environ)
     if registry_url:
         values[REGISTRY_URL_VAR] = registry_url
     if redis:
         values[REDIS_VAR] = redis
+    check_endpoints(chosen, values)
+    folder = feature_repo(repo)
     raw: dict[str, Any] = yaml.safe_load(
-        expand_variables(config_file(chosen).read_text(), values)
+        expand_variables(config_file(chosen, folder).read_text(), values)
     )
     if project:
         raw["project"] = project
@@ -149,7 +205,7 @@ def repo_config(
         state.mkdir(parents=True, exist_ok=True)
         raw["registry"]["path"] = str(state / "registry.db")
         raw["online_store"]["path"] = str(state / "online_store.db")
-    return RepoConfig(repo_path=FEATURE_REPO, **raw)
+    return RepoConfig(repo_path=folder, **raw)
 
 
 # --- the repository's objects ------------------------------------------------
@@ -174,13 +230,14 @@ class RepoObjects:
         ]
 
 
-def repo_module(name: str) -> Any:
+def repo_module(name: str, repo: str | Path | None = None) -> Any:
     """Import a feature_repo file as `feast apply` does (by bare name)."""
     # feature_repo/ files import each other by bare name (`from entities
     # import ...`), because that is how `feast apply` loads them: with the
     # repo dir on sys.path, not as a package. Load them the same way.
-    if str(FEATURE_REPO) not in sys.path:
-        sys.path.insert(0, str(FEATURE_REPO))
+    folder = str(feature_repo(repo))
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
     return importlib.import_module(name)
 
 

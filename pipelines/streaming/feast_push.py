@@ -20,16 +20,28 @@ or retried write leaves the same values.
 Freshness: each row travels with the Kafka record times of the events behind
 it; after a write returns, ``now - record time`` of each is how long that
 event took to reach the online store. A sample of those figures per write
-goes to a JSON-lines file when one is given (what the streaming benchmark
-reads).
+feeds the Beam metrics of namespace ``gem.stream`` (the distribution
+``event_to_online_ms``; the gauges ``event_to_online_p50_ms`` and
+``_p99_ms`` over the worker's last :data:`RECENT` samples), the job's
+Prometheus registry (:mod:`pipelines.beam.prometheus`, served where the
+workers are the job's own process) and, when one is given, a JSON-lines
+file (what the streaming benchmark reads).
+
+What the DoFn carries into the job's graph is :class:`PushTarget`: names
+and paths only. The store's endpoints, and any password in them, are read
+from each worker's environment when it opens the store at ``setup()``;
+the prod configuration without them stops the worker there, in one line
+(:func:`pipelines.feast.ops.check_endpoints`).
 """
 
 from __future__ import annotations
 
+import collections
 import json
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
@@ -38,11 +50,66 @@ import numpy as np
 import pyarrow as pa
 from apache_beam.metrics import Metrics
 
+from pipelines.beam import prometheus
 from pipelines.core.columns import to_int64
 from pipelines.streaming.config import METRICS_NAMESPACE
 from pipelines.streaming.tables import state_table
 
 SAMPLE: Final = 256
+RECENT: Final = 4096
+"""Freshness samples a worker keeps for its percentile gauges."""
+SECONDS_BUCKETS: Final = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 300.0)
+
+
+@dataclass(frozen=True)
+class PushTarget:
+    """The Feast store the job pushes to, as the graph carries it.
+
+    Attributes:
+        env: Feast configuration (``local`` / ``prod``; see :mod:`pipelines.feast.ops`).
+        state_dir: local configuration: registry and SQLite directory.
+        project: Feast project.
+        repo: the feature repository folder (None: the installed one).
+        push_sources: each pushed table's push source, by table, as the
+            repository names them (read once, at the job's start).
+    """
+
+    env: str | None
+    state_dir: str | None
+    project: str | None
+    repo: str | None = None
+    push_sources: Mapping[str, str] | None = None
+
+
+class Freshness:
+    """Event-to-online ages of one worker: Beam metrics and Prometheus."""
+
+    def __init__(self) -> None:
+        self.ages = Metrics.distribution(METRICS_NAMESPACE, "event_to_online_ms")
+        self.p50 = Metrics.gauge(METRICS_NAMESPACE, "event_to_online_p50_ms")
+        self.p99 = Metrics.gauge(METRICS_NAMESPACE, "event_to_online_p99_ms")
+        self._recent: collections.deque[float] = collections.deque(maxlen=RECENT)
+
+    def record(self, ages_ms: np.ndarray) -> None:
+        """Count a write's sampled ages; the percentiles of the recent ones."""
+        histogram = prometheus.histogram(
+            "gem_stream_event_to_online_seconds",
+            "seconds from an event's Kafka record time to its values in the "
+            "online store (sampled per write)",
+            SECONDS_BUCKETS,
+        )
+        for age in ages_ms:
+            self.ages.update(int(age))
+            histogram.observe(float(age) / 1000)
+        self._recent.extend(float(age) for age in ages_ms)
+        p50, p99 = np.percentile(np.fromiter(self._recent, float), [50, 99])
+        self.p50.set(int(p50))
+        self.p99.set(int(p99))
+        for name, value in (("p50", p50), ("p99", p99)):
+            prometheus.gauge(
+                f"gem_stream_event_to_online_{name}_seconds",
+                f"{name} of the worker's last {RECENT} event-to-online ages",
+            ).set(float(value) / 1000)
 
 
 class PushToFeastFn(beam.DoFn):  # type: ignore[misc]
@@ -50,22 +117,12 @@ class PushToFeastFn(beam.DoFn):  # type: ignore[misc]
     per bundle (see the module docstring).
 
     Args:
-        env: Feast configuration (``local`` / ``prod``; see :mod:`pipelines.feast.ops`).
-        state_dir: local configuration: registry and SQLite directory.
-        project: Feast project.
+        target: the store (:func:`check_push_target`'s answer).
         freshness_jsonl: where to append freshness samples (optional).
     """
 
-    def __init__(
-        self,
-        env: str | None,
-        state_dir: str | None,
-        project: str | None,
-        freshness_jsonl: str | None = None,
-    ) -> None:
-        self._env = env
-        self._state_dir = state_dir
-        self._project = project
+    def __init__(self, target: PushTarget, freshness_jsonl: str | None = None) -> None:
+        self._target = target
         self._freshness_jsonl = freshness_jsonl
         self._store: Any = None
         self._pending: dict[str, list[pa.Table]] = {}
@@ -73,18 +130,24 @@ class PushToFeastFn(beam.DoFn):  # type: ignore[misc]
         self.rows = Metrics.counter(METRICS_NAMESPACE, "feast_rows_pushed")
 
     def setup(self) -> None:
-        """Open the feature store (its registry must already be applied)."""
+        """Open the feature store (its registry must already be applied),
+        with the endpoints of this worker's environment."""
         from pipelines.feast.writers import online_writer
 
-        self._store = open_store(self._env, self._state_dir, self._project)
+        target = self._target
+        self._store = open_store(
+            target.env, target.state_dir, target.project, target.repo
+        )
         self._writer = online_writer(
             self._store._get_provider().online_store, self._store.config
         )
         self._views: dict[str, list[Any]] = {}
+        self._freshness = Freshness()
 
     def _views_of(self, table: str) -> list[Any]:
         if table not in self._views:
-            self._views[table] = push_views(self._store, table)
+            sources = self._target.push_sources or {}
+            self._views[table] = push_views(self._store, table, sources.get(table))
         return self._views[table]
 
     def process(self, element: tuple[str, bytes, bytes]) -> Iterator[Any]:
@@ -119,13 +182,16 @@ class PushToFeastFn(beam.DoFn):  # type: ignore[misc]
         self._pending, self._published = {}, {}
 
     def _record(self, table: str, ages_ms: np.ndarray) -> None:
-        if not self._freshness_jsonl or ages_ms.size == 0:
+        if ages_ms.size == 0:
             return
         sample = (
             ages_ms
             if ages_ms.size <= SAMPLE
             else np.asarray(random.sample(list(ages_ms), SAMPLE))
         )
+        self._freshness.record(sample)
+        if not self._freshness_jsonl:
+            return
         line = {
             "time": time.time(),
             "table": table,
@@ -153,23 +219,36 @@ def newest_per_entity(rows: pa.Table) -> pa.Table:
     return rows.take(pa.array(order[first]))
 
 
-def open_store(env: str | None, state_dir: str | None, project: str | None) -> Any:
-    """The Feast store the job writes to (a :mod:`pipelines.feast.ops` config)."""
+def open_store(
+    env: str | None,
+    state_dir: str | None,
+    project: str | None,
+    repo: str | None = None,
+) -> Any:
+    """The Feast store the job writes to (a :mod:`pipelines.feast.ops` config).
+
+    Raises:
+        pipelines.feast.ops.MissingEndpointError: prod without its endpoints.
+    """
     from feast import FeatureStore
 
     from pipelines.feast import ops as feast_ops
 
     config = feast_ops.repo_config(
-        env, state_dir=Path(state_dir) if state_dir else None, project=project
+        env,
+        state_dir=Path(state_dir) if state_dir else None,
+        project=project,
+        repo=repo,
     )
     return FeatureStore(config=config)
 
 
-def push_views(store: Any, table: str) -> list[Any]:
-    """The feature views the table's push source feeds (as ``push`` finds them)."""
+def push_views(store: Any, table: str, source: str | None = None) -> list[Any]:
+    """The feature views the table's push source feeds (as ``push`` finds
+    them); ``source`` names it, else the repository's ``sources.py`` does."""
     from pipelines.feast.ops import repo_module
 
-    source = repo_module("sources").push_source_name(table)
+    source = source or repo_module("sources").push_source_name(table)
     views = [
         view
         for view in store.list_feature_views()
@@ -185,15 +264,26 @@ def push_views(store: Any, table: str) -> list[Any]:
 
 
 def check_push_target(
-    env: str | None, state_dir: str | None, project: str | None
-) -> None:
-    """Fail before the stream starts when the store cannot take the pushes.
+    env: str | None,
+    state_dir: str | None,
+    project: str | None,
+    repo: str | None = None,
+) -> PushTarget:
+    """Fail before the stream starts when the store cannot take the pushes;
+    the target the workers push to.
 
-    Also loads Feast in this process, where a local runner's workers run:
-    the first bundles do not wait for it.
+    The push sources are read from the repository here, so a worker needs
+    the repository's yaml only. Also loads Feast in this process, where a
+    local runner's workers run: the first bundles do not wait for it.
+
+    Raises:
+        ValueError: one line (no such view, prod without its endpoints).
     """
     from pipelines.feast.ops import repo_module
 
-    store = open_store(env, state_dir, project)
-    for table in repo_module("sources").PUSHED_TABLES:
-        push_views(store, table)
+    store = open_store(env, state_dir, project, repo)
+    sources = repo_module("sources", repo)
+    names = {table: sources.push_source_name(table) for table in sources.PUSHED_TABLES}
+    for table, source in names.items():
+        push_views(store, table, source)
+    return PushTarget(env, state_dir, project, repo, names)

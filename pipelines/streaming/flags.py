@@ -59,6 +59,17 @@ class StreamingJobConfig:
     freshness_jsonl: str | None = flag_field(
         None, "append event-to-online freshness samples here"
     )
+    feature_repo: str | None = flag_field(
+        None,
+        "the Feast feature repository folder, on the launcher and every "
+        "worker (default: $GEM_FEATURE_REPO, else the one the project installs)",
+    )
+    metrics_port: int = flag_field(
+        0,
+        "serve Prometheus /metrics (event-to-online freshness) on this "
+        "127.0.0.1 port where the workers run in the job's own process "
+        "(--environment_type=LOOPBACK, Prism's default); 0: none",
+    )
 
 
 def add_streaming_arguments(parser: argparse.ArgumentParser) -> None:

@@ -44,6 +44,7 @@ from apache_beam.options.pipeline_options import (
 
 from features.kafka import KafkaSettings, ensure_topics
 from pipelines.beam.options import GemBuildOptions, kafka_settings
+from pipelines.beam.prometheus import serve_job_metrics
 from pipelines.beam.runner import (
     job_counters,
     job_gauges,
@@ -54,7 +55,11 @@ from pipelines.beam.runner import (
 from pipelines.streaming.config import METRICS_NAMESPACE, StreamConfig
 from pipelines.streaming.entity_state import EntityShardFn, route_entity_rows
 from pipelines.streaming.event_ids import ENTITY_NOTICES, EventIdFn, id_elements
-from pipelines.streaming.feast_push import PushToFeastFn, check_push_target
+from pipelines.streaming.feast_push import (
+    PushTarget,
+    PushToFeastFn,
+    check_push_target,
+)
 from pipelines.streaming.flags import add_streaming_arguments
 from pipelines.streaming.kafka_source import (
     DEAD_LETTERS,
@@ -122,7 +127,12 @@ class _Job:
     settings: KafkaSettings
     config: StreamConfig
     dead_topic: str
-    push: bool
+    target: PushTarget | None
+
+    @property
+    def push(self) -> bool:
+        """Whether the job pushes to Feast."""
+        return self.target is not None
 
 
 def run(argv: list[str] | None = None) -> dict[str, Any]:
@@ -137,8 +147,13 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
     started = time.monotonic()
     pipeline = beam.Pipeline(options=options)
     _add_stages(pipeline, job)
-    result = pipeline.run()
-    result.wait_until_finish()
+    endpoint = serve_job_metrics(options, job.stream.metrics_port)
+    try:
+        result = pipeline.run()
+        result.wait_until_finish()
+    finally:
+        if endpoint is not None:
+            endpoint.close()
     summary = {
         "runner": runner_name(options),
         "prism": prism_location(options),
@@ -167,11 +182,14 @@ def _checked_job(options: PipelineOptions) -> _Job:
     settings = kafka_settings(build)
     if settings.bootstrap is None:
         raise SystemExit("--streaming needs --kafka-bootstrap HOST:PORT")
-    push = bool(stream.feast_state_dir or stream.feast_env)
-    if push:
+    target = None
+    if stream.feast_state_dir or stream.feast_env:
         try:
-            check_push_target(
-                stream.feast_env, stream.feast_state_dir, stream.feast_project
+            target = check_push_target(
+                stream.feast_env,
+                stream.feast_state_dir,
+                stream.feast_project,
+                stream.feature_repo,
             )
         except ValueError as error:
             raise SystemExit(str(error)) from None
@@ -181,7 +199,7 @@ def _checked_job(options: PipelineOptions) -> _Job:
         settings=settings,
         config=stream_config(options),
         dead_topic=stream.dead_letter_topic or f"{build.events_topic}.dead-letter",
-        push=push,
+        target=target,
     )
 
 
@@ -225,14 +243,7 @@ def _add_stages(pipeline: beam.Pipeline, job: _Job) -> None:
             (user[PUSH], entity[PUSH])
             | "AllPushRows" >> beam.Flatten()
             | "PushToFeast"
-            >> beam.ParDo(
-                PushToFeastFn(
-                    stream.feast_env,
-                    stream.feast_state_dir,
-                    stream.feast_project,
-                    stream.freshness_jsonl,
-                )
-            )
+            >> beam.ParDo(PushToFeastFn(job.target, stream.freshness_jsonl))
         )
 
 
