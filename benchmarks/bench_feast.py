@@ -54,12 +54,13 @@ from feast import FeatureStore
 from feast.infra.online_stores.helpers import compute_table_id
 
 from benchmarks.machine import cpu_model
+from features import feast_repository
 from features.feature_tables import FEATURE_TABLES, table_folder
 from pipelines.feast import ops as feast_ops
 
 VIEWS = ("user_profile", "user_counters", "user_sequence")
 EPOCH = dt.datetime(1970, 1, 2, tzinfo=dt.UTC)
-REDIS = os.environ.get(feast_ops.REDIS_VAR, "127.0.0.1:6379")
+REDIS = os.environ.get(feast_repository.REDIS_VAR, "127.0.0.1:6379")
 
 
 def build_tables(directory: Path, users: int, seq_len: int, seed: int = 0) -> None:

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from demos.demo_config import DemoConfig
+from features import feast_repository
 from features.kafka import KafkaSettings
 
 EXAMPLES_TOPIC = "gem.examples"
@@ -108,7 +109,7 @@ def feast_step(features_dir: Path) -> dict[str, bool]:
         reference_command.main(
             ["--input", str(features_dir.parent), "--output", str(features_dir)]
         )
-    env = feast_ops.feast_env()
+    env = feast_repository.feast_env()
     state = features_dir.parent / "feast"
     # Made anew, like the broker's log: an earlier run's registry would make
     # the incremental materialization start after this run's rows.

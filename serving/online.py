@@ -11,7 +11,6 @@ wing loads here.
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,18 +19,20 @@ from typing import Any, Final
 from feast import FeatureStore, RepoConfig
 from feast.online_response import TIMESTAMP_POSTFIX
 
+from features.feast_repository import (
+    CONFIG_FILES,
+    REDIS_VAR,
+    REGISTRY_URL_VAR,
+    check_endpoints,
+    expand_variables,
+    feast_env,
+    feature_repo,
+)
 from features.feature_tables import FEATURE_TABLES
 
-FEATURE_REPO: Final = Path(__file__).resolve().parents[1] / "feature_repo"
-CONFIG_FILES: Final = {"local": "feature_store.yaml", "prod": "feature_store.prod.yaml"}
-ENDPOINT_DEFAULTS: Final = {
-    "GEM_FEAST_REGISTRY_URL": "postgresql+psycopg://gem:gem@127.0.0.1:5432/gem_feast",
-    "GEM_FEAST_REDIS": "127.0.0.1:6379",
-}
 USER_VIEWS: Final = ("user_profile", "user_counters", "user_sequence")
 AD_VIEWS: Final = ("ad_profile", "ad_counters")
 ADVERTISER_VIEWS: Final = ("advertiser_counters",)
-_VARIABLE = re.compile(r"\$(\w+)|\$\{(\w+)\}")
 
 
 class FeatureViewMissingError(LookupError):
@@ -51,19 +52,20 @@ class FeastSettings:
 
 
 def repo_config(settings: FeastSettings) -> RepoConfig:
-    """The repository's yaml, variables expanded as Feast's CLI does, read
-    through Feast's stock online store and engine."""
+    """The repository's yaml, read as Feast's CLI reads it (variables
+    expanded; a prod endpoint that is not set is an error), served through
+    Feast's stock online store and engine."""
     import yaml
 
-    values = {**ENDPOINT_DEFAULTS, **os.environ}
+    values = dict(os.environ)
     if settings.redis:
-        values["GEM_FEAST_REDIS"] = settings.redis
+        values[REDIS_VAR] = settings.redis
     if settings.registry_url:
-        values["GEM_FEAST_REGISTRY_URL"] = settings.registry_url
-    text = (FEATURE_REPO / CONFIG_FILES[settings.env]).read_text()
-    raw: dict[str, Any] = yaml.safe_load(
-        _VARIABLE.sub(lambda m: values.get(m.group(1) or m.group(2), m.group(0)), text)
-    )
+        values[REGISTRY_URL_VAR] = settings.registry_url
+    check_endpoints(settings.env, values)
+    repo = feature_repo()
+    text = (repo / CONFIG_FILES[feast_env(settings.env)]).read_text()
+    raw: dict[str, Any] = yaml.safe_load(expand_variables(text, values))
     if settings.project:
         raw["project"] = settings.project
     raw["batch_engine"] = {"type": "local"}
@@ -73,7 +75,7 @@ def repo_config(settings: FeastSettings) -> RepoConfig:
             state = settings.state_dir.resolve()
             raw["registry"]["path"] = str(state / "registry.db")
             raw["online_store"]["path"] = str(state / "online_store.db")
-    return RepoConfig(repo_path=FEATURE_REPO, **raw)
+    return RepoConfig(repo_path=repo, **raw)
 
 
 @dataclass(frozen=True)

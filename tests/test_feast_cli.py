@@ -21,6 +21,7 @@ import pyarrow.parquet as pq
 import pytest
 from feast import FeatureStore
 
+from features import feast_repository
 from features.config_flags import config_fields
 from features.feature_tables import FEATURE_TABLES
 from pipelines.feast import command as feast_command
@@ -32,9 +33,9 @@ ROOT = Path(__file__).resolve().parents[1]
 FEAST = Path(sys.executable).with_name("feast")
 FEAST_VARIABLES = (
     "GEM_FEATURES_DIR",
-    feast_ops.ENV_VAR,
-    feast_ops.REDIS_VAR,
-    feast_ops.REGISTRY_URL_VAR,
+    feast_repository.ENV_VAR,
+    feast_repository.REDIS_VAR,
+    feast_repository.REGISTRY_URL_VAR,
     "FEAST_FS_YAML_FILE_PATH",
 )
 
@@ -44,12 +45,12 @@ def fresh_clone(root: Path) -> Path:
     declarations and the yamls, ``data/`` holding only its ``.gitignore``."""
     repo = root / "feature_repo"
     shutil.copytree(
-        feast_ops.feature_repo(),
+        feast_repository.feature_repo(),
         repo,
         ignore=shutil.ignore_patterns("__pycache__", "data"),
     )
     (repo / "data").mkdir()
-    shutil.copy(feast_ops.feature_repo() / "data" / ".gitignore", repo / "data")
+    shutil.copy(feast_repository.feature_repo() / "data" / ".gitignore", repo / "data")
     return repo
 
 
@@ -166,9 +167,9 @@ def test_an_unreachable_registry_database_is_one_line(tmp_path: Path) -> None:
     # Port 1 on loopback: nothing listens, the connection is refused at once.
     env = clean_env(
         **{
-            feast_ops.ENV_VAR: "prod",
-            feast_ops.REGISTRY_URL_VAR: "postgresql+psycopg://gem:secret@127.0.0.1:1/x",
-            feast_ops.REDIS_VAR: "127.0.0.1:1",
+            feast_repository.ENV_VAR: "prod",
+            feast_repository.REGISTRY_URL_VAR: "postgresql+psycopg://gem:secret@127.0.0.1:1/x",
+            feast_repository.REDIS_VAR: "127.0.0.1:1",
         }
     )
     done = run_feast_ops("apply", env=env)
@@ -186,9 +187,9 @@ def test_an_unreachable_redis_is_one_line(tmp_path: Path) -> None:
     job = make_feature_job(tmp_path / "features")
     env = clean_env(
         **{
-            feast_ops.ENV_VAR: "prod",
-            feast_ops.REGISTRY_URL_VAR: f"sqlite:///{tmp_path / 'registry.db'}",
-            feast_ops.REDIS_VAR: "127.0.0.1:1",
+            feast_repository.ENV_VAR: "prod",
+            feast_repository.REGISTRY_URL_VAR: f"sqlite:///{tmp_path / 'registry.db'}",
+            feast_repository.REDIS_VAR: "127.0.0.1:1",
         }
     )
     project = f"t_{uuid.uuid4().hex[:10]}"
@@ -196,7 +197,7 @@ def test_an_unreachable_redis_is_one_line(tmp_path: Path) -> None:
         config=feast_ops.repo_config(
             "prod",
             project=project,
-            registry_url=env[feast_ops.REGISTRY_URL_VAR],
+            registry_url=env[feast_repository.REGISTRY_URL_VAR],
             redis="127.0.0.1:1",
         )
     )
@@ -208,6 +209,6 @@ def test_an_unreachable_redis_is_one_line(tmp_path: Path) -> None:
 
 
 def test_prod_without_an_endpoint_is_one_line(tmp_path: Path) -> None:
-    env = clean_env(**{feast_ops.ENV_VAR: "prod"})
+    env = clean_env(**{feast_repository.ENV_VAR: "prod"})
     line = one_line_error(run_feast_ops("materialize", env=env))
     assert "the prod Feast configuration needs $GEM_FEAST_REGISTRY_URL" in line

@@ -24,6 +24,7 @@ from feast import FeatureStore
 from feast.value_type import ValueType
 
 from benchmarks.bench_feast import REDIS, redis_store
+from features import feast_repository
 from features.feature_tables import FEATURE_TABLES
 from pipelines.feast import command as feast_command
 from pipelines.feast import ops as feast_ops
@@ -182,9 +183,9 @@ def test_prod_configuration_end_to_end(
     pg_registry_url: str,
 ) -> None:
     """GEM_FEAST_ENV=prod: the yaml's Redis + PostgreSQL, through our CLI."""
-    monkeypatch.setenv(feast_ops.ENV_VAR, "prod")
-    monkeypatch.setenv(feast_ops.REGISTRY_URL_VAR, pg_registry_url)
-    monkeypatch.setenv(feast_ops.REDIS_VAR, REDIS)
+    monkeypatch.setenv(feast_repository.ENV_VAR, "prod")
+    monkeypatch.setenv(feast_repository.REGISTRY_URL_VAR, pg_registry_url)
+    monkeypatch.setenv(feast_repository.REDIS_VAR, REDIS)
     base = ["--features-dir", str(job.directory), "--project", project]
     store = FeatureStore(config=feast_ops.repo_config(project=project))
     try:
@@ -215,7 +216,10 @@ def test_feast_cli_reads_the_prod_endpoints_from_the_environment(
     prod.write_text(prod.read_text().replace("project: gem_ads", f"project: {project}"))
     env = clean_env(
         GEM_FEATURES_DIR=str(job.directory),
-        **{feast_ops.REGISTRY_URL_VAR: pg_registry_url, feast_ops.REDIS_VAR: REDIS},
+        **{
+            feast_repository.REGISTRY_URL_VAR: pg_registry_url,
+            feast_repository.REDIS_VAR: REDIS,
+        },
     )
     script = (
         "import sys\n"

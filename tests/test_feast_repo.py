@@ -18,6 +18,7 @@ import yaml
 from feast import FeatureStore
 from feast.types import Array, Float32, Int32, Int64
 
+from features import feast_repository
 from features.examples import TIMELINE_SCHEMA, training_example_schema
 from features.feature_tables import EVENT_TIMESTAMP, FEATURE_TABLES
 from features.registry import DENSE_FEATURES, SEQUENCE_FEATURES, SPARSE_FEATURES
@@ -143,7 +144,7 @@ def test_feature_repo_imports_only_feast_and_features() -> None:
 def test_one_env_var_switches_the_configuration(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    monkeypatch.delenv(feast_ops.ENV_VAR, raising=False)
+    monkeypatch.delenv(feast_repository.ENV_VAR, raising=False)
     assert feast_ops.config_file() == REPO / "feature_store.yaml"
     local = feast_ops.repo_config(state_dir=tmp_path, project="p1")
     assert local.online_store.type == "pipelines.feast.sqlite.GuardedSqliteOnlineStore"
@@ -156,7 +157,7 @@ def test_one_env_var_switches_the_configuration(
     assert default["online_store"]["path"] == "data/online_store.db"
     assert (REPO / "data" / ".gitignore").is_file()
 
-    monkeypatch.setenv(feast_ops.ENV_VAR, "prod")
+    monkeypatch.setenv(feast_repository.ENV_VAR, "prod")
     assert feast_ops.config_file() == REPO / "feature_store.prod.yaml"
     prod = yaml.safe_load(feast_ops.config_file().read_text())
     # Feast's own Redis store; the endpoints from the environment.
@@ -168,7 +169,7 @@ def test_one_env_var_switches_the_configuration(
     assert prod["batch_engine"]["type"] == feast_ops.ENGINE_TYPE
     assert local.batch_engine_config["type"] == feast_ops.ENGINE_TYPE
 
-    monkeypatch.setenv(feast_ops.ENV_VAR, "staging")
+    monkeypatch.setenv(feast_repository.ENV_VAR, "staging")
     with pytest.raises(ValueError, match="GEM_FEAST_ENV"):
         feast_ops.config_file()
 
@@ -176,26 +177,32 @@ def test_one_env_var_switches_the_configuration(
 def test_prod_endpoints_come_from_the_environment_and_none_defaults(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.delenv(feast_ops.REDIS_VAR, raising=False)
-    monkeypatch.setenv(feast_ops.REGISTRY_URL_VAR, "postgresql+psycopg://f@pg:5432/f")
+    monkeypatch.delenv(feast_repository.REDIS_VAR, raising=False)
+    monkeypatch.setenv(
+        feast_repository.REGISTRY_URL_VAR, "postgresql+psycopg://f@pg:5432/f"
+    )
     # No loopback fallback: a worker without the variable would write there.
-    with pytest.raises(feast_ops.MissingEndpointError) as missing:
+    with pytest.raises(feast_repository.MissingEndpointError) as missing:
         feast_ops.repo_config("prod")
     assert str(missing.value) == (
         "the prod Feast configuration needs $GEM_FEAST_REDIS (the Redis online "
         "store, host:port[,db=N,password=...]); export it where the job and its "
         "workers run"
     )
-    monkeypatch.setenv(feast_ops.REDIS_VAR, "")
-    with pytest.raises(feast_ops.MissingEndpointError, match="GEM_FEAST_REDIS"):
+    monkeypatch.setenv(feast_repository.REDIS_VAR, "")
+    with pytest.raises(feast_repository.MissingEndpointError, match="GEM_FEAST_REDIS"):
         feast_ops.repo_config("prod")
-    monkeypatch.delenv(feast_ops.REGISTRY_URL_VAR)
-    with pytest.raises(feast_ops.MissingEndpointError, match="GEM_FEAST_REGISTRY"):
+    monkeypatch.delenv(feast_repository.REGISTRY_URL_VAR)
+    with pytest.raises(
+        feast_repository.MissingEndpointError, match="GEM_FEAST_REGISTRY"
+    ):
         feast_ops.repo_config("prod", redis="h:1")
     feast_ops.repo_config("local")  # the embedded one has no endpoints
 
-    monkeypatch.setenv(feast_ops.REDIS_VAR, "redis.internal:6380,db=2")
-    monkeypatch.setenv(feast_ops.REGISTRY_URL_VAR, "postgresql+psycopg://f@pg:5432/f")
+    monkeypatch.setenv(feast_repository.REDIS_VAR, "redis.internal:6380,db=2")
+    monkeypatch.setenv(
+        feast_repository.REGISTRY_URL_VAR, "postgresql+psycopg://f@pg:5432/f"
+    )
     exported = feast_ops.repo_config("prod")
     assert exported.online_store.connection_string == "redis.internal:6380,db=2"
     assert exported.registry.path == "postgresql+psycopg://f@pg:5432/f"
@@ -208,27 +215,28 @@ def test_prod_endpoints_come_from_the_environment_and_none_defaults(
 def test_the_repository_is_found_by_variable_or_as_installed(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    monkeypatch.delenv(feast_ops.FEATURE_REPO_VAR, raising=False)
-    assert feast_ops.feature_repo() == REPO
+    monkeypatch.delenv(feast_repository.FEATURE_REPO_VAR, raising=False)
+    assert feast_repository.feature_repo() == REPO
     copy = tmp_path / "repo"
     copy.mkdir()
-    for name in feast_ops.CONFIG_FILES.values():
+    for name in feast_repository.CONFIG_FILES.values():
         (copy / name).write_text((REPO / name).read_text().replace("gem_ads", "moved"))
-    monkeypatch.setenv(feast_ops.FEATURE_REPO_VAR, str(copy))
+    monkeypatch.setenv(feast_repository.FEATURE_REPO_VAR, str(copy))
     assert feast_ops.config_file("local") == copy / "feature_store.yaml"
     config = feast_ops.repo_config("local", state_dir=tmp_path / "state")
     assert config.project == "moved"
     assert Path(config.repo_path) == copy
-    assert feast_ops.feature_repo(REPO) == REPO  # the flag wins
+    assert feast_repository.feature_repo(REPO) == REPO  # the flag wins
     with pytest.raises(FileNotFoundError, match="no feature repository"):
-        feast_ops.feature_repo(tmp_path)
+        feast_repository.feature_repo(tmp_path)
 
 
 def test_variables_expand_as_feasts_cli_expands_them() -> None:
     text = "a: $ONE\nb: ${TWO}x\nc: ${UNSET}\nd: $$\n"
     values = {"ONE": "1", "TWO": "2"}
     assert (
-        feast_ops.expand_variables(text, values) == "a: 1\nb: 2x\nc: ${UNSET}\nd: $$\n"
+        feast_repository.expand_variables(text, values)
+        == "a: 1\nb: 2x\nc: ${UNSET}\nd: $$\n"
     )
     import posixpath
 
@@ -236,7 +244,9 @@ def test_variables_expand_as_feasts_cli_expands_them() -> None:
         for name, value in values.items():
             patch.setenv(name, value)
         patch.delenv("UNSET", raising=False)
-        assert posixpath.expandvars(text) == feast_ops.expand_variables(text, values)
+        assert posixpath.expandvars(text) == feast_repository.expand_variables(
+            text, values
+        )
 
 
 def test_feast_cli_applies_and_materializes_the_feature_job_output(

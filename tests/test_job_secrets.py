@@ -19,10 +19,10 @@ from apache_beam.options.pipeline_options import PipelineOptions, StandardOption
 from apache_beam.portability import common_urns
 from apache_beam.portability.api import beam_runner_api_pb2
 
+from features import feast_repository
 from features.kafka import KafkaSettings
 from features.kafka.secrets import PASSWORD_ENV, Secret
 from pipelines.beam.options import GemBuildOptions, kafka_settings
-from pipelines.feast import ops as feast_ops
 from pipelines.streaming.feast_push import PushTarget
 from pipelines.streaming.job import (
     StreamingOptions,
@@ -39,10 +39,12 @@ SECRETS = (KAFKA_SECRET, REDIS_SECRET, POSTGRES_SECRET)
 
 @pytest.fixture
 def prod_feast(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(feast_ops.ENV_VAR, "prod")
-    monkeypatch.setenv(feast_ops.REDIS_VAR, f"127.0.0.1:6379,password={REDIS_SECRET}")
+    monkeypatch.setenv(feast_repository.ENV_VAR, "prod")
     monkeypatch.setenv(
-        feast_ops.REGISTRY_URL_VAR,
+        feast_repository.REDIS_VAR, f"127.0.0.1:6379,password={REDIS_SECRET}"
+    )
+    monkeypatch.setenv(
+        feast_repository.REGISTRY_URL_VAR,
         f"postgresql+psycopg://gem:{POSTGRES_SECRET}@127.0.0.1:5432/gem",
     )
     monkeypatch.delenv(PASSWORD_ENV, raising=False)

@@ -25,7 +25,15 @@ from packaging.utils import canonicalize_name
 ROOT = Path(__file__).resolve().parents[1]
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 FIRST_PARTY = frozenset(
-    {"features", "pipelines", "trainer", "launchers", "demos", "feature_repo"}
+    {
+        "features",
+        "pipelines",
+        "serving",
+        "trainer",
+        "launchers",
+        "demos",
+        "feature_repo",
+    }
 )
 # feature_repo's files import each other by bare name, as `feast apply` loads them.
 REPO_MODULES = frozenset(path.stem for path in (ROOT / "feature_repo").glob("*.py"))
@@ -149,6 +157,20 @@ def test_the_trainer_s_extra_has_what_it_imports() -> None:
     assert "apache-beam" not in trainer
 
 
+def test_the_serving_extra_has_what_the_server_imports() -> None:
+    server = closure(["serving"])
+    assert {"torch", "fastapi", "uvicorn", "feast"} <= server
+    missing = {
+        module: dists
+        for module, dists in _distributions_of(
+            third_party_imports("features", "serving")
+        ).items()
+        if not dists & server
+    }
+    assert not missing, missing
+    assert "apache-beam" not in server
+
+
 def test_a_built_wheel_carries_the_feature_repository(tmp_path: Path) -> None:
     """Built without a network (this environment's setuptools) and imported
     from outside any checkout: the job finds the packaged repository."""
@@ -176,7 +198,7 @@ def test_a_built_wheel_carries_the_feature_repository(tmp_path: Path) -> None:
     assert not {name for name in names if name.startswith("feature_repo/data")}
     found = subprocess.run(
         [sys.executable, "-c",
-         "from pipelines.feast.ops import feature_repo; print(feature_repo())"],
+         "from features.feast_repository import feature_repo; print(feature_repo())"],
         cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(installed)},
         capture_output=True, text=True, check=True,
     )  # fmt: skip

@@ -21,6 +21,7 @@ import pytest
 from feast import FeatureStore
 
 from benchmarks.bench_feast import REDIS
+from features import feast_repository
 from features.feature_tables import EVENT_TIMESTAMP, FEATURE_TABLES, read_feature_table
 from pipelines.beam import prometheus
 from pipelines.feast import ops as feast_ops
@@ -88,8 +89,8 @@ def env(
 ) -> str:
     if request.param == "prod":
         registry = f"sqlite:///{tmp_path / 'registry.db'}"
-        monkeypatch.setenv(feast_ops.REGISTRY_URL_VAR, registry)
-        monkeypatch.setenv(feast_ops.REDIS_VAR, REDIS)
+        monkeypatch.setenv(feast_repository.REGISTRY_URL_VAR, registry)
+        monkeypatch.setenv(feast_repository.REDIS_VAR, REDIS)
     return str(request.param)
 
 

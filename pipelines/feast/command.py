@@ -23,17 +23,19 @@ from typing import Final
 
 from features.cli import CommandError, CommandParser, HelpFormatter, run_command
 from features.config_flags import add_config_flags, config_fields, flag_field
-from pipelines.feast.ops import (
+from features.feast_repository import (
     CONFIG_FILES,
-    ENGINES,
     ENV_VAR,
     REDIS_VAR,
     REGISTRY_URL_VAR,
-    Engine,
     Env,
+    feast_env,
+)
+from pipelines.feast.ops import (
+    ENGINES,
+    Engine,
     FeatureTableError,
     apply,
-    feast_env,
     materialize,
     repo_config,
     repo_module,

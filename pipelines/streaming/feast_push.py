@@ -31,7 +31,7 @@ What the DoFn carries into the job's graph is :class:`PushTarget`: names
 and paths only. The store's endpoints, and any password in them, are read
 from each worker's environment when it opens the store at ``setup()``;
 the prod configuration without them stops the worker there, in one line
-(:func:`pipelines.feast.ops.check_endpoints`).
+(:func:`features.feast_repository.check_endpoints`).
 """
 
 from __future__ import annotations
@@ -228,7 +228,7 @@ def open_store(
     """The Feast store the job writes to (a :mod:`pipelines.feast.ops` config).
 
     Raises:
-        pipelines.feast.ops.MissingEndpointError: prod without its endpoints.
+        features.feast_repository.MissingEndpointError: prod without its endpoints.
     """
     from feast import FeatureStore
 
