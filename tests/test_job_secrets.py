@@ -21,7 +21,7 @@ from apache_beam.portability.api import beam_runner_api_pb2
 
 from features import feast_repository
 from features.kafka import KafkaSettings
-from features.kafka.secrets import PASSWORD_ENV, Secret
+from features.kafka.secrets import PASSWORD_ENV, SSL_PASSWORD_ENV, Secret
 from pipelines.beam.options import GemBuildOptions, kafka_settings
 from pipelines.streaming.feast_push import PushTarget
 from pipelines.streaming.job import (
@@ -35,6 +35,16 @@ KAFKA_SECRET = "kafka-secret-4f1c"
 REDIS_SECRET = "redis-secret-9a2e"
 POSTGRES_SECRET = "pg-secret-77d0"
 SECRETS = (KAFKA_SECRET, REDIS_SECRET, POSTGRES_SECRET)
+
+
+@pytest.fixture(autouse=True)
+def _restored_password_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The launcher puts a flag's password into this process's environment
+    (``export_secrets``): set back after each test, so later tests' clients
+    read their own."""
+    for name in (PASSWORD_ENV, SSL_PASSWORD_ENV):
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
 
 
 @pytest.fixture
@@ -83,7 +93,7 @@ def _graph(flags: list[str]) -> tuple[PipelineOptions, beam.Pipeline]:
         ),
     )
     pipeline = beam.Pipeline(runner="PrismRunner", options=options)
-    _add_stages(pipeline, job)
+    _add_stages(pipeline, job, examples_partitions=4)
     return options, pipeline
 
 

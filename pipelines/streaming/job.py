@@ -145,8 +145,9 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
         job.settings, {job.build.examples_topic: job.config.shards, job.dead_topic: 1}
     )
     started = time.monotonic()
+    examples_partitions = topic_partition_count(job.settings, job.build.examples_topic)
     pipeline = beam.Pipeline(options=options)
-    _add_stages(pipeline, job)
+    _add_stages(pipeline, job, examples_partitions)
     endpoint = serve_job_metrics(options, job.stream.metrics_port)
     try:
         result = pipeline.run()
@@ -203,8 +204,9 @@ def _checked_job(options: PipelineOptions) -> _Job:
     )
 
 
-def _add_stages(pipeline: beam.Pipeline, job: _Job) -> None:
-    """The job's stages (see the module docstring)."""
+def _add_stages(pipeline: beam.Pipeline, job: _Job, examples_partitions: int) -> None:
+    """The job's stages (see the module docstring), publishing to an examples
+    topic of ``examples_partitions`` partitions."""
     build, stream, config = job.build, job.stream, job.config
     read = pipeline | "ReadEventStream" >> ReadEventStream(
         job.settings,
@@ -221,7 +223,7 @@ def _add_stages(pipeline: beam.Pipeline, job: _Job) -> None:
         job.settings,
         build.examples_topic,
         group=build.kafka_group_id,
-        partitions=topic_partition_count(job.settings, build.examples_topic),
+        partitions=examples_partitions,
         max_seq_len=config.max_seq_len,
     )
     # The committer reads the publisher's (empty) output too: its watermark
