@@ -27,17 +27,23 @@ What it does:
    examples, says plainly whether the model learnt (last-window click NE at
    most ``--max-click-ne``, whole-run click AUC at least
    ``--min-click-auc``), and draws it over training time against that
-   ceiling (:mod:`demos.learning`);
+   ceiling (:mod:`demos.learning`); its final checkpoint is exported as
+   the ``gem`` serving version (``--artifacts``);
 8. knowledge transfer (:mod:`trainer.distill`): the daemon's GEM checkpoint
    is the teacher; its outputs are computed once per example, then one
    compact student per domain trains with the full transfer (auxiliary
    head, Student Adapter, teacher embeddings as input, shared id tables) and
-   is scored on the last day next to the teacher.
+   is scored on the last day next to the teacher; each student is exported
+   for serving;
+9. starts the scoring service (``python -m serving``) on GEM and one
+   domain's student, scores candidate ads for that domain's most active
+   user with each, prints the top ads with each request's latency, and
+   stops the server.
 
 The steps are :mod:`demos.event_steps` (1, 3, 4), :mod:`demos.feature_steps`
-(5, 6) and :mod:`demos.training_steps` (7, 8). Every process it starts is
-stopped on the way out, also on Ctrl-C, SIGTERM or
-an error. Exit code 0 only when every check holds.
+(5, 6), :mod:`demos.training_steps` (7, 8) and :mod:`demos.serving_steps`
+(9). Every process it starts is stopped on the way out, also on Ctrl-C,
+SIGTERM or an error. Exit code 0 only when every check holds.
 """
 
 from __future__ import annotations
@@ -47,7 +53,7 @@ import os
 import shutil
 import sys
 
-from demos import event_steps, feature_steps, training_steps
+from demos import event_steps, feature_steps, serving_steps, training_steps
 from demos.demo_config import DemoConfig
 from demos.interrupts import unwind_on_signals
 from features.cli import CommandParser, run_command
@@ -55,7 +61,7 @@ from features.config_flags import add_config_flags, config_fields
 from features.kafka import KafkaSettings, add_kafka_arguments
 from pipelines.sources import bayes
 
-TOTAL_STEPS = 8
+TOTAL_STEPS = 9
 
 
 def _step(number: int, title: str) -> None:
@@ -111,6 +117,9 @@ def run(config: DemoConfig, settings: KafkaSettings) -> int:
 
         _step(8, "Knowledge transfer: one student per domain from GEM")
         checks.update(training_steps.distill_step(output, config.max_seq_len))
+
+        _step(9, "Serving: python -m serving on GEM and a student")
+        checks.update(serving_steps.serve_step(output, data.events))
     print(
         "\n  broker stopped"
         if settings.embedded

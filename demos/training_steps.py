@@ -1,6 +1,7 @@
 """Steps 7 and 8 of ``make demo`` (:mod:`demos.end_to_end`): the trainer
-daemon on the examples topic until it is drained, with its learning verdict,
-and knowledge transfer to one student per domain."""
+daemon on the examples topic until it is drained, with its learning verdict
+and its final checkpoint exported for serving, and knowledge transfer to one
+student per domain (each exported for serving)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ from typing import Any
 from demos import learning as demo_learning
 from demos.demo_config import DemoConfig
 from demos.feature_steps import EXAMPLES_TOPIC
+from demos.serving_steps import serving_root
 from features.kafka import KafkaSettings
+from features.serving_artifacts import GEM_MODEL, VERSIONS
 from pipelines.sources import bayes
 
 
@@ -41,6 +44,7 @@ def train_step(
     # them.
     checkpoints = output / "checkpoints"
     shutil.rmtree(checkpoints, ignore_errors=True)
+    shutil.rmtree(serving_root(output), ignore_errors=True)
     checkpoints.mkdir(parents=True)
     metrics_path = checkpoints / "metrics.jsonl"
     log_path = checkpoints / "daemon.log"
@@ -54,6 +58,7 @@ def train_step(
         print(f"  the daemon exited with {returncode}; log: {log_path}")
         return {"the trainer applied every published example once": False}
     result = json.loads(out.strip().splitlines()[-1])
+    exported = sorted((serving_root(output) / GEM_MODEL / VERSIONS).glob("v*"))
     last = json.loads(metrics_path.read_text().strip().splitlines()[-1])
     print(
         f"  {result['examples']:,} examples in {result['step']:,} steps, "
@@ -67,6 +72,11 @@ def train_step(
         last, ceiling, config, metrics_path, output / "learning_curve.png"
     )
     print(f"  per-domain curves: {result['png']}")
+    print(
+        "  serving export: "
+        + (f"gem {exported[-1].name}" if exported else "none written")
+        + f" under {serving_root(output)}/"
+    )
     # The verdict is always printed; it decides the exit status only when
     # asked, as the default size does not reach the thresholds on 2 cores.
     learnt = (
@@ -108,6 +118,9 @@ def _daemon_command(
         # A default-preset checkpoint is ~200 MB, seconds to write on this
         # disk: the run's final one is the one the distillation step needs.
         "--log-every", "10", "--checkpoint-every", "100000", "--keep", "1",
+        # That final checkpoint is also exported for serving (step 9): the
+        # first checkpoint of a run always is.
+        "--artifacts", str(serving_root(config.output)),
         "--idle-seconds", "5",
         "--metrics-jsonl", str(metrics_path),
         "--plot", str(checkpoints / "progressive_ne.png"),

@@ -24,6 +24,13 @@ HEAVY = ("torch", "torchrec", "fbgemm_gpu", "feast", "pandas", "pyarrow")
 # (pipelines.beam.beam_flags): Beam itself stays out of their --help.
 BEAM_JOBS = {"pipelines.build"}
 
+# Both daemons' serving exports (trainer.export.periodic.ServingExportConfig).
+EXPORT_FLAGS = (
+    "--artifacts",
+    "--export-every-steps",
+    "--export-every-minutes",
+    "--keep-versions",
+)
 # Every command that talks to Kafka (features.kafka.add_kafka_arguments).
 KAFKA_FLAGS: set[str] = {
     "--kafka-bootstrap",
@@ -186,6 +193,7 @@ COMMANDS: dict[str, set[str]] = {
         "--embedding-lr",
         "--min-sharded-rows",
         "--threads",
+        *EXPORT_FLAGS,
     }
     | KAFKA_FLAGS,
     "trainer.distill": {
@@ -249,6 +257,7 @@ COMMANDS: dict[str, set[str]] = {
         "--on-offset-gap",
         "--prometheus-port",
         "--metrics-address",
+        *EXPORT_FLAGS,
     }
     | KAFKA_FLAGS,
     "trainer.distill.teacher_outputs": {

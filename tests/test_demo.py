@@ -111,8 +111,10 @@ def test_demo_runs_end_to_end_and_stops_the_broker(
         "valid events equal the generated events",
         "every malformed message dead-lettered",
         "per-user order kept",
+        "the server answered with GEM and the student",
     ):
         assert f"ok   {check}" in out
+    assert "  server stopped" in out
     assert re.search(r"broker: 127\.0\.0\.1:(\d+)", out), out
     assert _brokers_in(output) == []
 

@@ -32,6 +32,9 @@ messages set aside, metrics as JSON lines, Prometheus and TensorBoard.
 Runs until SIGTERM (checkpoints, exits 0); --idle-seconds makes it bounded.
 One daemon per --checkpoint-dir (a lock held for the run). The checkpointed
 offsets are checked against the topic on restore and on every assignment.
+With --artifacts, checkpoints become serving versions (python -m serving)
+every --export-every-steps or --export-every-minutes, exported beside the
+run, which never waits for one (but waits for the last at its end).
 
 """ + textwrap.fill(EXIT_HELP, 79)
 
@@ -51,6 +54,9 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError(
             f"--checkpoint-dir {config.checkpoint_dir} is a file", "name a folder"
         )
+    refusal = config.export_refusal()
+    if refusal is not None:
+        raise CommandError(refusal)
     from trainer.training.ranks import die_with_launcher, leave_process_group
 
     die_with_launcher()

@@ -9,7 +9,7 @@ import sys
 import textwrap
 from collections.abc import Sequence
 
-from features.cli import CommandParser, run_command
+from features.cli import CommandError, CommandParser, run_command
 from features.config_flags import add_config_flags, config_fields
 from trainer.cli import add_cluster_arguments, kafka_settings, start_torch
 from trainer.distill.run_config import (
@@ -26,7 +26,10 @@ trainer's example messages joined (by example id) with the teacher outputs
 that python -m trainer.distill.teacher_stream publishes; each batch scored
 before it is trained on. Checkpoints hold both topics' offsets (exactly
 once), checked against the topics on restore and on every assignment. One
-daemon per --checkpoint-dir (a lock held for the run).
+daemon per --checkpoint-dir (a lock held for the run). With --artifacts,
+checkpoints become serving versions of student-<domain> (python -m serving)
+every --export-every-steps or --export-every-minutes, exported beside the
+run, which never waits for one (but waits for the last at its end).
 
 """ + textwrap.fill(EXIT_HELP, 79)
 
@@ -49,6 +52,9 @@ def run(args: argparse.Namespace) -> int:
         **config_fields(args, StudentDaemonConfig),
         distill=DistillConfig(**config_fields(args, DistillConfig)),
     )
+    refusal = config.export_refusal()
+    if refusal is not None:
+        raise CommandError(refusal)
     start_torch(config.threads)
     from launchers.kafka_broker import kafka_cluster
     from trainer.distill import student_daemon as daemon

@@ -22,6 +22,7 @@ from features.config_flags import flag, flag_field, positive_float, positive_int
 from features.vocab import DOMAINS
 from trainer.cli import CHECKPOINT_HELP, THREADS_HELP
 from trainer.data.offset_check import GAP_HELP, GAP_POLICIES
+from trainer.export.periodic import ServingExportConfig
 
 METHODS: Final = ("standard", "aux", "adapter", "repr", "share")
 FULL: Final = ("aux", "adapter", "repr", "share")
@@ -97,8 +98,10 @@ STUDENT_DAEMON_DISTILL_FLAGS: Final = ("methods", "student", "lr", "seed")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class StudentDaemonConfig:
-    """One student daemon (``python -m trainer.distill.daemon``)."""
+class StudentDaemonConfig(ServingExportConfig):
+    """One student daemon (``python -m trainer.distill.daemon``); its
+    checkpoints are exported as serving versions as
+    :class:`ServingExportConfig` says."""
 
     examples_topic: str = field(metadata=flag("topic of example messages"))
     teacher_topic: str = field(metadata=flag("topic of teacher-output messages"))

@@ -50,6 +50,7 @@ from trainer.data.kafka_source import Item, KafkaSource
 from trainer.distill.run_config import StudentDaemonConfig
 from trainer.distill.streaming_student import StreamingStudent
 from trainer.distill.teacher_cache import teacher_decoder
+from trainer.export.periodic import PeriodicExport
 from trainer.metrics.prometheus import DaemonMetrics, RunTotals
 from trainer.training.checkpoint import (
     read_model_checkpoint,
@@ -128,7 +129,9 @@ def _run(config: StudentDaemonConfig, settings: KafkaSettings) -> dict[str, Any]
         for source in (examples, teacher):
             exported.watch_consumer(source.topic, source.lag)
             exported.watch_gaps(source.topic, source.gap_records)
-    daemon = _StudentDaemon(config, student, examples, teacher, exported)
+    daemon = _StudentDaemon(
+        config, student, examples, teacher, exported, config.periodic_export()
+    )
     try:
         daemon.train()
         daemon.count()
@@ -138,6 +141,8 @@ def _run(config: StudentDaemonConfig, settings: KafkaSettings) -> dict[str, Any]
         teacher.close()
         if exported is not None:
             exported.close()
+        if daemon.export is not None:
+            daemon.export.close()  # the last export started
     return student.report()
 
 
@@ -150,6 +155,7 @@ class _StudentDaemon:
     examples: KafkaSource
     teacher: KafkaSource
     exported: DaemonMetrics | None
+    export: PeriodicExport | None  # serving versions, with --artifacts
 
     def train(self) -> None:
         """Apply example messages in the order the source delivers them, each
@@ -209,8 +215,9 @@ class _StudentDaemon:
             )
 
     def checkpoint(self) -> None:
-        """Write one (both topics' offsets in it), then commit them."""
-        save_checkpoint(
+        """Write one (both topics' offsets in it), then commit them; hand it
+        to the serving export."""
+        path = save_checkpoint(
             self.config.checkpoint_dir,
             {
                 **self.student.state_dict(),
@@ -229,3 +236,5 @@ class _StudentDaemon:
             self.exported.checkpoint_written(self.student.steps)
         self.examples.request_commit()
         self.teacher.request_commit()
+        if self.export is not None:
+            self.export.checkpoint_written(path, self.student.steps)

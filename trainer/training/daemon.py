@@ -191,6 +191,7 @@ def _run(
     finally:
         source.close()
         trainer.close()  # what follows needs the group, not the model
+        daemon.checkpointer.close()
     return daemon.finish(outcome, final_written)
 
 

@@ -108,6 +108,11 @@ class DaemonCheckpointer:
         restored: the checkpoint the run resumed from (its lineage goes on).
         on_checkpoint: called on rank 0 with each checkpoint's
             :data:`LineageEntry` before the checkpoint is written.
+
+    Rank 0 hands each checkpoint written to the run's serving export
+    (:class:`~trainer.export.periodic.PeriodicExport`, with ``--artifacts``),
+    which exports it in a subprocess when due; :meth:`close` waits for the
+    last one.
     """
 
     def __init__(
@@ -125,6 +130,7 @@ class DaemonCheckpointer:
         self.source = source
         self.reporter = reporter
         self.on_checkpoint = on_checkpoint
+        self.export = config.periodic_export() if self.ranks.rank == 0 else None
         self.lineage: str | None = restored[0]["lineage"] if restored else None
         self.last_good: Path | None = restored[1] if restored else None
         # (partition, offset) applied since the last checkpoint, all ranks'.
@@ -211,6 +217,8 @@ class DaemonCheckpointer:
             return False
         self.last_good = path
         self.reporter.checkpoint_written(step)
+        if self.export is not None:
+            self.export.checkpoint_written(path, step)
         log.info(
             "checkpoint step %d: %.2f MB, gather %.3f s, write %.3f s",
             step,
@@ -219,3 +227,8 @@ class DaemonCheckpointer:
             time.perf_counter() - started,
         )
         return True
+
+    def close(self) -> None:
+        """Wait for a serving export still running (the run is over)."""
+        if self.export is not None:
+            self.export.close()

@@ -23,6 +23,7 @@ from typing import Final
 from features.config_flags import flag, flag_field, positive_float, positive_int, share
 from trainer.cli import THREADS_HELP
 from trainer.data.offset_check import GAP_HELP, GAP_POLICIES
+from trainer.export.periodic import ServingExportConfig
 
 PRECISIONS: Final = ("fp32", "bf16")
 """What ``--precision`` takes (the autocast itself: :mod:`trainer.training.device`)."""
@@ -177,8 +178,9 @@ class FitConfig(ModelRunConfig):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class DaemonConfig(ModelRunConfig):
-    """One daemon run (``python -m trainer.daemon``)."""
+class DaemonConfig(ModelRunConfig, ServingExportConfig):
+    """One daemon run (``python -m trainer.daemon``); its checkpoints are
+    exported as serving versions as :class:`ServingExportConfig` says."""
 
     topic: str = field(metadata=flag("topic of example messages to train from"))
     group: str = flag_field(
