@@ -104,9 +104,9 @@ def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
         if r["target"] == "feast"
     }
     lines = [
-        "| store | model | cands | clients | QPS | p50 ms | p99 ms | p999 ms "
-        "| errors | feast p99 ms | p99 / feast |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| store | model | cands | clients | requests | QPS | p50 ms | p99 ms "
+        "| p999 ms | errors | feast p99 ms | p99 / feast |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         if r["target"] == "feast":
@@ -116,8 +116,9 @@ def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
         ratio = f"{r['p99_ms'] / other['p99_ms']:.2f}" if other else "-"
         lines.append(
             f"| {r['store']} | {r['model']} | {r['candidates']} | {r['clients']} "
-            f"| {r['qps']:,.0f} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} "
-            f"| {r['p999_ms']:.1f} | {r['errors']} | {feast_p99} | {ratio} |"
+            f"| {r['requests']:,} | {r['qps']:,.0f} | {r['p50_ms']:.1f} "
+            f"| {r['p99_ms']:.1f} | {r['p999_ms']:.1f} | {r['errors']} "
+            f"| {feast_p99} | {ratio} |"
         )
     return "\n".join(lines)
 
@@ -128,15 +129,22 @@ def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
 @dataclass(frozen=True)
 class Endpoint:
     """A loopback server and what one request is: ``calls`` (path, body)
-    POSTed in order on one connection."""
+    POSTed in order on one connection), cycled through."""
 
     port: int
     requests: list[list[tuple[str, bytes]]]
 
 
-def load(endpoint: Endpoint, cell: Cell, seconds: float, max_requests: int) -> Cell:
+def load(
+    endpoint: Endpoint,
+    cell: Cell,
+    seconds: float,
+    max_requests: int,
+    stop: threading.Event | None = None,
+) -> Cell:
     """``cell.clients`` threads send requests back to back until ``seconds``
-    pass or ``max_requests`` are sent; latencies into ``cell``."""
+    pass, ``max_requests`` are sent or ``stop`` is set; latencies into ``cell``."""
+    stop = stop or threading.Event()
     deadline = time.perf_counter() + seconds
     lock = threading.Lock()
     sent = [0]
@@ -145,7 +153,7 @@ def load(endpoint: Endpoint, cell: Cell, seconds: float, max_requests: int) -> C
         connection = http.client.HTTPConnection("127.0.0.1", endpoint.port, timeout=60)
         i = offset
         try:
-            while time.perf_counter() < deadline:
+            while time.perf_counter() < deadline and not stop.is_set():
                 with lock:
                     if sent[0] >= max_requests:
                         return
@@ -489,33 +497,56 @@ def swap_under_load(
         rollback = [sys.executable, "-m", "serving.versions"]
         rollback += ["--artifacts", str(world.artifacts), "--rollback", GEM_MODEL]
         for name, command in (("export", export), ("rollback", rollback)):
-            before = _get(port, "/models")[1][GEM_MODEL]["version"]
-            cell = Cell(name, store.name, GEM_MODEL, 50, 4)
-            runner = threading.Thread(
-                target=load, args=(endpoint, cell, args.swap_seconds, 10**9)
+            rows.append(
+                swap_window(
+                    port, endpoint, Cell(name, store.name, GEM_MODEL, 50, 4), command
+                )
             )
-            runner.start()
-            time.sleep(0.5)
-            done = subprocess.run(
-                command,
-                cwd=REPO,
-                capture_output=True,
-                text=True,
-                env={**os.environ, "PYTHONPATH": str(REPO)},
-            )
-            if done.returncode:
-                raise RuntimeError(f"{name} failed:\n{done.stderr[-2000:]}")
-            runner.join()
-            after = _get(port, "/models")[1][GEM_MODEL]["version"]
-            row = cell.summary()
-            row.update(
-                before=before,
-                after=after,
-                p99_vs_steady=row["p99_ms"] / rows[0]["p99_ms"],
-            )
-            rows.append(row)
-            print(json.dumps(row), flush=True)
+            rows[-1]["p99_vs_steady"] = rows[-1]["p99_ms"] / rows[0]["p99_ms"]
+            print(json.dumps(rows[-1]), flush=True)
     return rows
+
+
+def swap_window(
+    port: int, endpoint: Endpoint, cell: Cell, command: list[str]
+) -> dict[str, Any]:
+    """Load from 1 s before ``command`` (which changes GEM's ``current``)
+    until 2 s after the server answers with the new version."""
+    from features.serving_artifacts import GEM_MODEL
+
+    def served() -> str:
+        return str(_get(port, "/models")[1][GEM_MODEL]["version"])
+
+    before, stop = served(), threading.Event()
+    runner = threading.Thread(target=load, args=(endpoint, cell, 600.0, 10**9, stop))
+    runner.start()
+    time.sleep(1.0)
+    started = time.monotonic()
+    done = subprocess.run(
+        command,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    written = time.monotonic()
+    try:
+        if done.returncode:
+            raise RuntimeError(f"{command[2]} failed:\n{done.stderr[-2000:]}")
+        after = _wait(lambda: (v := served()) != before and v, 180, "the new version")
+        swapped = time.monotonic()
+        time.sleep(2.0)
+    finally:
+        stop.set()
+        runner.join()
+    row = cell.summary()
+    row.update(
+        before=before,
+        after=after,
+        command_s=round(written - started, 1),
+        pickup_s=round(swapped - written, 1),
+    )
+    return row
 
 
 def stages(
@@ -652,7 +683,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--clients", default=",".join(map(str, CLIENTS)))
     parser.add_argument("--seconds", type=float, default=3.0, help="per cell")
     parser.add_argument("--max-requests", type=int, default=3000, help="per cell")
-    parser.add_argument("--swap-seconds", type=float, default=20.0)
+    parser.add_argument(
+        "--swap-seconds",
+        type=float,
+        default=10.0,
+        help="the steady window before the swaps (0: no swap)",
+    )
     parser.add_argument("--out", type=Path, default=None, help="JSON report")
     return parser
 

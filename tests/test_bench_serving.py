@@ -25,6 +25,6 @@ def test_the_table_divides_by_the_peer_of_the_same_cell() -> None:
     ).splitlines()
     assert len(lines) == 4  # header, rule, and the two server rows
     assert lines[2] == (
-        "| sqlite | student | 50 | 4 | 50 | 4.0 | 4.0 | 9.0 | 1 | 3.0 | 1.33 |"
+        "| sqlite | student | 50 | 4 | 100 | 50 | 4.0 | 4.0 | 9.0 | 1 | 3.0 | 1.33 |"
     )
     assert lines[3].endswith("| 0 | - | - |")
