@@ -689,6 +689,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=10.0,
         help="the steady window before the swaps (0: no swap)",
     )
+    parser.add_argument(
+        "--stage-candidates", default="50", help="candidates of the breakdowns"
+    )
     parser.add_argument("--out", type=Path, default=None, help="JSON report")
     return parser
 
@@ -698,6 +701,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.candidates = [int(c) for c in args.candidates.split(",")]
     args.clients = [int(c) for c in args.clients.split(",")]
+    args.stage_candidates = [int(c) for c in args.stage_candidates.split(",")]
     models = args.models.split(",")
     with contextlib.ExitStack() as stack:
         if args.work is None:
@@ -714,9 +718,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             try:
                 report["rows"] += grid(world, store, args, models)
                 for model in models:
-                    report["stages"][f"{name} {model} 50"] = stages(
-                        world, store, model, 50
-                    )
+                    for candidates in args.stage_candidates:
+                        report["stages"][f"{name} {model} {candidates}"] = stages(
+                            world, store, model, candidates
+                        )
                 if name == "sqlite" and args.swap_seconds > 0:
                     report["swap"] = swap_under_load(world, store, args)
             finally:
