@@ -106,7 +106,7 @@ class PeriodicExport:
         code = self.running.returncode
         self.running = None
         if self.held is not None:
-            self.held.unlink(missing_ok=True)
+            _release(self.held)
             self.held = None
         if code == 0:
             self.exported += 1
@@ -128,18 +128,33 @@ class PeriodicExport:
 
 
 def _hold(checkpoint: Path) -> Path:
-    """A link to ``checkpoint`` that pruning leaves alone (a copy where the
-    filesystem has no hard links); an earlier run's leftovers go."""
+    """A link to ``checkpoint`` (a file, or a folder of files) that pruning
+    leaves alone (a copy where the filesystem has no hard links); an earlier
+    run's leftovers go."""
     folder = checkpoint.parent / HOLD_DIR
     folder.mkdir(exist_ok=True)
     for stale in folder.iterdir():
-        stale.unlink(missing_ok=True)
+        _release(stale)
     held = folder / checkpoint.name
-    try:
-        os.link(checkpoint, held)
-    except OSError:
-        shutil.copyfile(checkpoint, held)
+    if checkpoint.is_dir():
+        shutil.copytree(checkpoint, held, copy_function=_link_or_copy)
+    else:
+        _link_or_copy(checkpoint, held)
     return held
+
+
+def _link_or_copy(source: str | Path, target: str | Path) -> None:
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copyfile(source, target)
+
+
+def _release(held: Path) -> None:
+    if held.is_dir():
+        shutil.rmtree(held, ignore_errors=True)
+    else:
+        held.unlink(missing_ok=True)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
