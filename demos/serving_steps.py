@@ -24,13 +24,10 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
-
-from features.serving_artifacts import GEM_MODEL, VERSIONS, student_model
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 DOMAIN = "facebook"
 """The domain whose student is served."""
@@ -51,6 +48,10 @@ def serving_root(output: Path) -> Path:
 
 def serve_step(output: Path, events: pa.Table) -> dict[str, bool]:
     """Step 9: start ``python -m serving``, score, print, stop; the checks."""
+    import pyarrow.parquet as pq
+
+    from features.serving_artifacts import GEM_MODEL, VERSIONS, student_model
+
     root = serving_root(output)
     students = output / "distill" / "serving" / student_model(DOMAIN)
     failed = {"the server answered with GEM and the student": False}
@@ -103,6 +104,8 @@ def serve_step(output: Path, events: pa.Table) -> dict[str, bool]:
 
 def _active_user(events: pa.Table, domain: str) -> tuple[int, str]:
     """The user with the most events in ``domain``, and their usual surface."""
+    import pyarrow.compute as pc
+
     mine = events.filter(pc.equal(events["domain"], domain))
     counts = mine.group_by(["user_id", "surface"]).aggregate([("user_id", "count")])
     best = pc.sort_indices(counts, [("user_id_count", "descending")])[0].as_py()

@@ -18,7 +18,6 @@ from demos.demo_config import DemoConfig
 from demos.feature_steps import EXAMPLES_TOPIC
 from demos.serving_steps import serving_root
 from features.kafka import KafkaSettings
-from features.serving_artifacts import GEM_MODEL, VERSIONS
 from pipelines.sources import bayes
 
 
@@ -57,6 +56,8 @@ def train_step(
     if returncode != 0:
         print(f"  the daemon exited with {returncode}; log: {log_path}")
         return {"the trainer applied every published example once": False}
+    from features.serving_artifacts import GEM_MODEL, VERSIONS
+
     result = json.loads(out.strip().splitlines()[-1])
     exported = sorted((serving_root(output) / GEM_MODEL / VERSIONS).glob("v*"))
     last = json.loads(metrics_path.read_text().strip().splitlines()[-1])
