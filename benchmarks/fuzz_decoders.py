@@ -393,9 +393,8 @@ def read_one_partition(
     """The streaming job's reader (a ``ReadTopicFn``) on one poll of
     partition 0 of ``topic``, ``messages`` from ``first_offset`` on: its
     dead-letter lines, how many valid events, and whether it claimed them all."""
-    from pipelines.streaming.kafka_source import (
-        DEAD_LETTERS,
-        EVENTS,
+    from pipelines.streaming.kafka_source import DEAD_LETTERS, EVENTS
+    from pipelines.streaming.topic_positions import (
         PartitionWatermarks,
         TopicPositions,
         TopicPositionsTracker,
@@ -403,7 +402,7 @@ def read_one_partition(
 
     tracker = TopicPositionsTracker(TopicPositions(((0, first_offset),)))
     outputs, claimed_all = reader._read_partition(
-        topic, 0, messages, tracker, PartitionWatermarks(((0, None),))
+        topic, 0, messages, tracker, PartitionWatermarks((((0, None),), None))
     )
     letters: list[str] = []
     valid = 0
